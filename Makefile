@@ -1,0 +1,86 @@
+# modnets — the two commands of the README:
+#   make book   execute every notebook (cpu profile unless MODNETS_PROFILE says otherwise) and build _build/html
+#   make test   unit tests + every notebook under nbval (smoke profile) + a warning-free book build
+# Both create .venv when no virtualenv is active and install the project into it.
+
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+# pip takes this torch from local disk here (CPU build); override e.g. TORCH_SPEC='torch>=2.3'.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= book,dev
+
+ifdef VIRTUAL_ENV
+VENV := $(VIRTUAL_ENV)
+else
+VENV := .venv
+endif
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.modnets-installed
+
+# Point the library at the shared datasets when they sit beside the checkout.
+ifeq ($(origin MODNETS_DATA), undefined)
+ifneq ($(wildcard ../shared/data),)
+export MODNETS_DATA := $(abspath ../shared/data)
+endif
+endif
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: help install book test unit nbval book-check lint format bench clean
+
+help:
+	@echo "make book    build the book into _build/html (executes every notebook, cached)"
+	@echo "make test    unit tests + nbval on notebooks/ (smoke profile) + jupyter-book build -W"
+	@echo "make lint    ruff check + ruff format --check"
+	@echo "make bench   run the benchmarks in bench/"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+book: install
+	$(BIN)/jupyter-book build . -W --keep-going
+	@echo "Book: $(abspath _build/html/index.html)"
+
+unit: install
+	$(BIN)/pytest tests
+
+nbval: install
+	MODNETS_PROFILE=smoke $(BIN)/pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 notebooks
+
+# Structure, cross-references and bibliography, without executing anything again.
+book-check: install
+	mkdir -p _build/check
+	$(PY) -c "import yaml; c = yaml.safe_load(open('_config.yml')); \
+		c['execute']['execute_notebooks'] = 'off'; \
+		yaml.safe_dump(c, open('_build/check/_config.yml', 'w'))"
+	$(BIN)/jupyter-book build . -W --keep-going --config _build/check/_config.yml --path-output _build/check
+
+test: lint unit nbval book-check
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	for f in bench/bench_*.py; do $(PY) $$f; done
+
+clean:
+	rm -rf _build .pytest_cache

@@ -1,0 +1,23 @@
+"""modnets: modular neural architectures -- Neural Interpreters, Neural Attentive Circuits and
+Neural Function Modules -- built from the ground up in PyTorch."""
+
+from modnets import profiles, utils
+from modnets.data import data_root
+from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP
+from modnets.profiles import get_profile
+from modnets.utils import default_device, seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModLin",
+    "ModMLP",
+    "ModFC",
+    "ModFFN",
+    "get_profile",
+    "seed_everything",
+    "default_device",
+    "data_root",
+    "profiles",
+    "utils",
+]
