@@ -2,8 +2,20 @@
 Neural Function Modules -- built from the ground up in PyTorch."""
 
 from modnets import profiles, utils
+from modnets.baselines import ViT, build_model
 from modnets.data import data_root
+from modnets.ni import (
+    FunctionIteration,
+    Interpreter,
+    NeuralInterpreter,
+    NIConfig,
+    NIOutput,
+    Script,
+)
+from modnets.nn.loc import LOC
+from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP
+from modnets.nn.type_matching import TypeInference, TypeMatching
 from modnets.profiles import get_profile
 from modnets.utils import default_device, seed_everything
 
@@ -14,6 +26,18 @@ __all__ = [
     "ModMLP",
     "ModFC",
     "ModFFN",
+    "TypeInference",
+    "TypeMatching",
+    "ModAttn",
+    "LOC",
+    "Interpreter",
+    "FunctionIteration",
+    "Script",
+    "NeuralInterpreter",
+    "NIConfig",
+    "NIOutput",
+    "ViT",
+    "build_model",
     "get_profile",
     "seed_everything",
     "default_device",

@@ -1,5 +1,24 @@
 """Layers shared by the architectures."""
 
+from modnets.nn.loc import LOC
+from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP, modffn_parameter_count
+from modnets.nn.tokens import ClassTokens, ElementEmbedding, Heads, PatchEmbedding
+from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 
-__all__ = ["ModLin", "ModMLP", "ModFC", "ModFFN", "modffn_parameter_count"]
+__all__ = [
+    "ModLin",
+    "ModMLP",
+    "ModFC",
+    "ModFFN",
+    "modffn_parameter_count",
+    "TypeInference",
+    "TypeMatching",
+    "random_signatures",
+    "ModAttn",
+    "LOC",
+    "PatchEmbedding",
+    "ElementEmbedding",
+    "ClassTokens",
+    "Heads",
+]

@@ -1,0 +1,426 @@
+"""Neural Interpreters (Rahaman et al., 2021): interpreter, function iterations, scripts, the model.
+
+The hierarchy, from the inside out (NI §2):
+
+* :class:`~modnets.nn.loc.LOC` -- attention + MLP in one stream per function (eqs. 9-10).
+* :class:`Interpreter` -- ``n_l`` LOCs; the streams are then pooled back by compatibility (eq. 11).
+* :class:`FunctionIteration` -- type matching, then the interpreter (eqs. 12-13).
+* :class:`Script` -- a set of functions ``(s_u, c_u)`` and ``n_i`` function iterations that share
+  all parameters (eq. 14).
+* :class:`NeuralInterpreter` -- a tokeniser, CLS tokens, ``n_s`` scripts and heads (eq. 1).
+
+All function streams live in one tensor of shape ``(batch, functions, tokens, dim)``; there is no
+Python loop over functions or heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import Tensor, nn
+
+from modnets.nn.loc import LOC
+from modnets.nn.tokens import ClassTokens, ElementEmbedding, Heads, PatchEmbedding
+from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
+
+__all__ = [
+    "NIConfig",
+    "NIOutput",
+    "Interpreter",
+    "FunctionIteration",
+    "Script",
+    "NeuralInterpreter",
+    "make_tokenizer",
+]
+
+RESIDUALS = ("delta", "literal")
+INPUT_KINDS = ("image", "vector")
+
+
+def _positive_int(cfg: object, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass
+class NIConfig:
+    """Hyper-parameters of a :class:`NeuralInterpreter` (validated on construction).
+
+    Defaults follow the public NI digits preset: dim 192, type dim 24, 5 functions, 8 function
+    iterations, 1 script, 1 LOC, 4 heads, truncation 1.42, 4x4 patches of 32x32 images.
+
+    Model:
+        dim: token width ``d``. code_dim: ``d_code`` (default ``dim``). type_dim: ``d_type``.
+        type_hidden: width of the type-inference MLP (default ``dim``).
+        num_functions: ``U`` per script. num_scripts: ``n_s``. num_iterations: ``n_i``.
+        num_locs: ``n_l`` LOCs per interpreter. num_heads: attention heads (must divide ``dim``).
+        mlp_hidden, mlp_layers: the ModMLP of each LOC (hidden default ``dim``).
+        truncation: ``tau`` in (0, 2]. sigma: initial kernel bandwidth. eps: NI's epsilon.
+        learn_signatures: train the signatures (default: fixed at init, NI §2 "collapse").
+        straight_through: straight-through truncation of the kernel (public code's option).
+        residual: how eq. 11 pools the streams; see :class:`Interpreter`.
+
+    Input and output:
+        input_kind: ``"image"`` (patches) or ``"vector"`` (one token per element).
+        image_size, patch_size, in_channels: for images.
+        num_elements, element_features: for vectors.
+        num_cls: CLS tokens. num_outputs: outputs per CLS token. shared_head: one head for all.
+    """
+
+    dim: int = 192
+    code_dim: int | None = None
+    type_dim: int = 24
+    type_hidden: int | None = None
+    num_functions: int = 5
+    num_scripts: int = 1
+    num_iterations: int = 8
+    num_locs: int = 1
+    num_heads: int = 4
+    mlp_hidden: int | None = None
+    mlp_layers: int = 2
+    truncation: float = 1.42
+    sigma: float = 1.0
+    eps: float = 1e-6
+    learn_signatures: bool = False
+    straight_through: bool = False
+    residual: str = "delta"
+    input_kind: str = "image"
+    image_size: int = 32
+    patch_size: int = 4
+    in_channels: int = 3
+    num_elements: int = 5
+    element_features: int = 1
+    num_cls: int = 1
+    num_outputs: int = 10
+    shared_head: bool = False
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.code_dim is None:
+            self.code_dim = self.dim
+        if self.type_hidden is None:
+            self.type_hidden = self.dim
+        if self.mlp_hidden is None:
+            self.mlp_hidden = self.dim
+        self.validate()
+
+    def validate(self) -> None:
+        for name in (
+            "dim", "code_dim", "type_dim", "type_hidden", "num_functions", "num_scripts",
+            "num_iterations", "num_locs", "num_heads", "mlp_hidden", "mlp_layers", "num_cls",
+            "num_outputs",
+        ):  # fmt: skip
+            _positive_int(self, name)
+        if self.dim % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.type_dim < 2:
+            raise ValueError(f"type_dim must be at least 2 (a sphere), got {self.type_dim}")
+        if not 0.0 < float(self.truncation) <= 2.0:
+            raise ValueError(f"truncation (tau) must lie in (0, 2], got {self.truncation}")
+        if not float(self.sigma) > 0.0:
+            raise ValueError(f"sigma must be positive, got {self.sigma}")
+        if not float(self.eps) >= 0.0:
+            raise ValueError(f"eps must be non-negative, got {self.eps}")
+        if self.residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
+        if self.input_kind not in INPUT_KINDS:
+            raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {self.input_kind!r}")
+        if self.input_kind == "image":
+            for name in ("image_size", "patch_size", "in_channels"):
+                _positive_int(self, name)
+            if self.image_size % self.patch_size:
+                raise ValueError(
+                    f"patch_size={self.patch_size} must divide image_size={self.image_size}"
+                )
+        else:
+            for name in ("num_elements", "element_features"):
+                _positive_int(self, name)
+
+    def replace(self, **changes) -> NIConfig:
+        """A copy with some fields changed (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise ValueError(f"unknown NIConfig fields {sorted(unknown)}")
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return NIConfig(**{**values, **changes})
+
+
+@dataclass
+class NIOutput:
+    """What :meth:`NeuralInterpreter.forward` returns with ``return_routing=True``.
+
+    Attributes:
+        logits: ``(B, num_cls, num_outputs)``.
+        compatibilities: per script, ``C`` of every function iteration, ``(B, n_i, U, T)``
+            (tokens include the CLS tokens first): the computational paths of NI Fig. 3.
+        types: per script, the inferred types ``(B, n_i, T, d_type)`` (NI Fig. 4).
+    """
+
+    logits: Tensor
+    compatibilities: list[Tensor]
+    types: list[Tensor]
+
+
+class Interpreter(nn.Module):
+    """``n_l`` LOCs over the function streams, pooled back by compatibility (NI eq. 11).
+
+    Eq. 11 read literally is ``y_i = x_i + sum_u C_ui LOCs(x)_ui``. Each LOC already carries a
+    residual (eqs. 9-10), so ``LOCs(x)_ui = x_i + delta_ui`` and the literal form gives
+    ``y_i = (1 + sum_u C_ui) x_i + ...``: a matched token is *doubled* by every function
+    iteration, and 8 iterations scale it by up to 256 (chapter 4 measures this). We therefore pool
+    the streams' *updates* by default (``residual="delta"``)::
+
+        y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)
+
+    which keeps both properties the paper derives from eq. 11 (``C_ui = 0`` for all ``u`` gives
+    ``y_i = x_i``; nothing depends on the number of functions) and equals the public code's
+    "gating" residual. ``residual="literal"`` gives eq. 11 as printed.
+
+    Shapes: x ``(B, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, T, d)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        code_dim: int,
+        num_locs: int = 1,
+        num_heads: int = 4,
+        mlp_hidden: int | None = None,
+        mlp_layers: int = 2,
+        eps: float = 1e-6,
+        residual: str = "delta",
+    ):
+        super().__init__()
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        self.residual = residual
+        self.locs = nn.ModuleList(
+            LOC(dim, code_dim, num_heads, mlp_hidden, mlp_layers, eps) for _ in range(num_locs)
+        )
+
+    def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
+        B, T, d = x.shape
+        streams = x[:, None].expand(B, codes.shape[0], T, d)  # broadcast, no copy
+        for loc in self.locs:
+            streams = loc(streams, codes, compat)
+        if self.residual == "delta":
+            streams = streams - x[:, None]
+        return x + torch.einsum("but,butd->btd", compat, streams)
+
+
+class FunctionIteration(nn.Module):
+    """Type matching, then the interpreter (NI eqs. 12-13). Shared by all iterations of a script.
+
+    Shapes: x ``(B, T, d)``, signatures ``(U, d_type)`` (unit norm), codes ``(U, d_code)`` ->
+    ``(y (B, T, d), C (B, U, T), types (B, T, d_type))``.
+    """
+
+    def __init__(self, config: NIConfig):
+        super().__init__()
+        c = config
+        self.type_inference = TypeInference(c.dim, c.type_dim, c.type_hidden)
+        self.type_matching = TypeMatching(c.truncation, c.sigma, c.eps, c.straight_through)
+        self.interpreter = Interpreter(
+            c.dim, c.code_dim, c.num_locs, c.num_heads, c.mlp_hidden, c.mlp_layers, c.eps,
+            c.residual,
+        )  # fmt: skip
+
+    def forward(
+        self, x: Tensor, signatures: Tensor, codes: Tensor, function_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        types = self.type_inference(x)
+        compat = self.type_matching(types, signatures, function_mask)
+        return self.interpreter(x, codes, compat), compat, types
+
+
+class Script(nn.Module):
+    """A set of functions and ``n_i`` recurrent function iterations (NI eq. 14).
+
+    Functions are rows of ``signatures`` (unit vectors, fixed unless ``learn_signatures``) and
+    ``codes``. They are stored as chunks so that functions added later can train while the old
+    ones stay frozen (:meth:`add_functions`). Only these two tensors depend on the number of
+    functions.
+
+    Shapes: x ``(B, T, d)`` -> ``(B, T, d)``.
+    """
+
+    def __init__(self, config: NIConfig):
+        super().__init__()
+        self.config = config
+        self.num_iterations = config.num_iterations
+        self.iteration = FunctionIteration(config)
+        self.signature_chunks = nn.ParameterList()
+        self.code_chunks = nn.ParameterList()
+        self._append_functions(config.num_functions, trainable=True)
+        self.register_buffer("function_mask", torch.ones(config.num_functions, dtype=torch.bool))
+
+    def _append_functions(self, n: int, trainable: bool, device=None) -> None:
+        c = self.config
+        sig = nn.Parameter(random_signatures(n, c.type_dim).to(device))
+        sig.requires_grad_(trainable and c.learn_signatures)
+        code = nn.Parameter(torch.randn(n, c.code_dim, device=device))
+        code.requires_grad_(trainable)
+        self.signature_chunks.append(sig)
+        self.code_chunks.append(code)
+
+    @property
+    def num_functions(self) -> int:
+        return sum(s.shape[0] for s in self.signature_chunks)
+
+    @property
+    def signatures(self) -> Tensor:
+        """``(U, d_type)``, renormalised so that trained signatures stay on the sphere."""
+        return nn.functional.normalize(torch.cat(list(self.signature_chunks)), dim=-1)
+
+    @property
+    def codes(self) -> Tensor:
+        """``(U, d_code)``."""
+        return torch.cat(list(self.code_chunks))
+
+    def _mask(self, function_mask: Tensor | None) -> Tensor | None:
+        mask = self.function_mask if function_mask is None else function_mask
+        if mask.shape != (self.num_functions,):
+            raise ValueError(
+                f"function_mask must have shape ({self.num_functions},), got {tuple(mask.shape)}"
+            )
+        return None if bool(mask.all()) else mask.to(torch.bool)
+
+    def forward(
+        self,
+        x: Tensor,
+        num_iterations: int | None = None,
+        function_mask: Tensor | None = None,
+        return_routing: bool = False,
+    ):
+        """Apply ``num_iterations`` function iterations (default ``n_i``; any number works at
+        inference, NI Fig. 8). With ``return_routing`` also return ``C`` ``(B, n, U, T)`` and the
+        types ``(B, n, T, d_type)`` of every iteration."""
+        n = self.num_iterations if num_iterations is None else num_iterations
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"num_iterations must be a non-negative int, got {n!r}")
+        mask = self._mask(function_mask)
+        signatures, codes = self.signatures, self.codes
+        compats, types = [], []
+        for _ in range(n):  # iterations are sequential by definition (eq. 14)
+            x, compat, t = self.iteration(x, signatures, codes, mask)
+            if return_routing:
+                compats.append(compat)
+                types.append(t)
+        if not return_routing:
+            return x
+        if n == 0:
+            (B, T), (U, dt) = x.shape[:2], signatures.shape
+            return x, x.new_zeros(B, 0, U, T), x.new_zeros(B, 0, T, dt)
+        return x, torch.stack(compats, dim=1), torch.stack(types, dim=1)
+
+    @torch.no_grad()
+    def add_functions(self, n: int, freeze_existing: bool = False, active: bool = True) -> None:
+        """Add ``n`` functions with fresh random signatures and codes (NI Fig. 5b).
+
+        ``freeze_existing`` stops gradients to the existing functions' signatures and codes (the
+        rest of the model is the caller's to freeze). ``active=False`` adds them masked off.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if freeze_existing:
+            for p in [*self.signature_chunks, *self.code_chunks]:
+                p.requires_grad_(False)
+        device = self.code_chunks[0].device
+        self._append_functions(n, trainable=True, device=device)
+        new = torch.full((n,), bool(active), dtype=torch.bool, device=device)
+        self.function_mask = torch.cat([self.function_mask, new])
+
+    @torch.no_grad()
+    def remove_functions(self, indices) -> None:
+        """Remove functions by index (NI Fig. 5c). Equivalent to masking them off."""
+        idx = torch.as_tensor(indices, dtype=torch.long).flatten()
+        U = self.num_functions
+        if idx.numel() and (idx.min() < 0 or idx.max() >= U):
+            raise ValueError(f"indices must lie in [0, {U}), got {idx.tolist()}")
+        keep = torch.ones(U, dtype=torch.bool)
+        keep[idx] = False
+        if not keep.any():
+            raise ValueError("cannot remove every function of a script")
+        start, sigs, codes = 0, [], []
+        for s, c in zip(self.signature_chunks, self.code_chunks, strict=True):
+            k = keep[start : start + s.shape[0]].to(s.device)
+            start += s.shape[0]
+            if k.any():
+                sigs.append(nn.Parameter(s.data[k].clone(), requires_grad=s.requires_grad))
+                codes.append(nn.Parameter(c.data[k].clone(), requires_grad=c.requires_grad))
+        self.signature_chunks = nn.ParameterList(sigs)
+        self.code_chunks = nn.ParameterList(codes)
+        self.function_mask = self.function_mask[keep.to(self.function_mask.device)]
+
+
+def make_tokenizer(config: NIConfig) -> nn.Module:
+    """Patch embedding for images, per-element embedding for vectors."""
+    if config.input_kind == "image":
+        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim)
+    return ElementEmbedding(config.num_elements, config.element_features, config.dim)
+
+
+class NeuralInterpreter(nn.Module):
+    """The Neural Interpreter of NI eq. 1: tokens and CLS tokens through ``n_s`` scripts.
+
+    Shapes: images ``(B, C, H, W)`` or vectors ``(B, n[, f])`` -> logits ``(B, num_cls, num_outputs)``.
+
+    ``forward(x, num_iterations=..., function_mask=..., return_routing=...)``: override the number
+    of function iterations (an int, or one per script) for anytime inference (NI Fig. 8); mask
+    functions (a ``(U,)`` bool tensor, or one per script) for dropping them at test time; return an
+    :class:`NIOutput` with the compatibilities and types of every iteration.
+    """
+
+    def __init__(self, config: NIConfig):
+        super().__init__()
+        if not isinstance(config, NIConfig):
+            raise TypeError(f"config must be an NIConfig, got {type(config).__name__}")
+        config.validate()
+        self.config = config
+        self.tokenizer = make_tokenizer(config)
+        self.cls = ClassTokens(config.num_cls, config.dim)
+        self.scripts = nn.ModuleList(Script(config) for _ in range(config.num_scripts))
+        self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
+
+    def _per_script(self, value, name: str) -> list:
+        if isinstance(value, list | tuple):
+            if len(value) != len(self.scripts):
+                raise ValueError(f"{name} needs one entry per script ({len(self.scripts)})")
+            return list(value)
+        return [value] * len(self.scripts)
+
+    def forward(
+        self,
+        x: Tensor,
+        num_iterations: int | list[int] | None = None,
+        function_mask: Tensor | list[Tensor] | None = None,
+        return_routing: bool = False,
+    ) -> Tensor | NIOutput:
+        h = self.cls(self.tokenizer(x))
+        iters = self._per_script(num_iterations, "num_iterations")
+        masks = self._per_script(function_mask, "function_mask")
+        compats, types = [], []
+        for script, n, mask in zip(self.scripts, iters, masks, strict=True):
+            if return_routing:
+                h, c, t = script(h, n, mask, return_routing=True)
+                compats.append(c)
+                types.append(t)
+            else:
+                h = script(h, n, mask)
+        logits = self.heads(h[:, : self.config.num_cls])
+        if return_routing:
+            return NIOutput(logits, compats, types)
+        return logits
+
+    def add_functions(self, n: int, freeze_existing: bool = False, active: bool = True) -> None:
+        """Add ``n`` functions to every script (see :meth:`Script.add_functions`)."""
+        for script in self.scripts:
+            script.add_functions(n, freeze_existing, active)
+
+    def remove_functions(self, indices) -> None:
+        """Remove functions from every script (see :meth:`Script.remove_functions`)."""
+        for script in self.scripts:
+            script.remove_functions(indices)

@@ -1,0 +1,51 @@
+"""Line of Code (LOC): ModAttn then ModMLP, with residuals weighted by compatibility (NI eqs. 9-10)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from modnets.nn.modattn import ModAttn, check_streams
+from modnets.nn.modulated import ModMLP
+
+__all__ = ["LOC"]
+
+
+class LOC(nn.Module):
+    """One line of code, applied in every function stream in parallel (NI eqs. 9-10)::
+
+        a_ui = x_ui + C_ui * ModAttn({LayerNorm(x_uj)}_j; c_u, {C_uj}_j)      (9)
+        y_ui = a_ui + C_ui * ModMLP(LayerNorm(a_ui); c_u)                       (10)
+
+    so ``y_ui = x_ui`` wherever ``C_ui = 0``: a function leaves alone what it may not read.
+    The two LayerNorms are ordinary (affine) and shared by all functions.
+
+    Args:
+        dim, code_dim, num_heads: as in :class:`~modnets.nn.modattn.ModAttn`.
+        mlp_hidden: hidden width of the ModMLP (default ``dim``).
+        mlp_layers: ModLin layers in the ModMLP (NI eq. 5).
+        eps: ``epsilon`` of the attention renormalisation.
+
+    Shapes: x ``(B, U, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, U, T, d)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        code_dim: int,
+        num_heads: int = 4,
+        mlp_hidden: int | None = None,
+        mlp_layers: int = 2,
+        eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.dim, self.code_dim = dim, code_dim
+        self.norm_attn = nn.LayerNorm(dim)
+        self.attn = ModAttn(dim, code_dim, num_heads=num_heads, eps=eps)
+        self.norm_mlp = nn.LayerNorm(dim)
+        self.mlp = ModMLP(dim, dim, code_dim, hidden_features=mlp_hidden, num_layers=mlp_layers)
+
+    def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
+        check_streams(x, codes, compat, self.dim, self.code_dim)
+        gate = compat[..., None]
+        a = x + gate * self.attn(self.norm_attn(x), codes, compat)
+        return a + gate * self.mlp(self.norm_mlp(a), codes[:, None, :])

@@ -1,0 +1,344 @@
+"""Neural Interpreters (chapters 2-4): the properties the paper derives, and the details a failed
+public reproduction got wrong (mask direction, normalisation, per-function streams, renormalisation)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import modnets
+from modnets.nn import random_signatures
+
+
+def tiny_config(**kw):
+    base = dict(
+        dim=16, code_dim=8, type_dim=4, num_functions=3, num_scripts=2, num_iterations=2,
+        num_locs=2, num_heads=2, truncation=1.5, input_kind="vector", num_elements=5,
+        num_cls=2, num_outputs=3,
+    )  # fmt: skip
+    base.update(kw)
+    return modnets.NIConfig(**base)
+
+
+def streams(B=2, U=3, T=5, d=16, dc=8):
+    x = torch.randn(B, U, T, d)
+    codes = torch.randn(U, dc)
+    compat = torch.rand(B, U, T)
+    compat = compat / compat.sum(1, keepdim=True)
+    return x, codes, compat
+
+
+# ---------------------------------------------------------------- type matching (eqs. 2-3)
+
+
+def test_types_and_signatures_have_unit_norm():
+    ti = modnets.TypeInference(16, 5)
+    t = ti(torch.randn(3, 7, 16) * 10)
+    torch.testing.assert_close(t.norm(dim=-1), torch.ones(3, 7))
+    s = random_signatures(11, 5)
+    torch.testing.assert_close(s.norm(dim=-1), torch.ones(11))
+    script = modnets.Script(tiny_config(learn_signatures=True))
+    with torch.no_grad():
+        script.signature_chunks[0].mul_(3.0)  # a trained signature drifting off the sphere
+    torch.testing.assert_close(script.signatures.norm(dim=-1), torch.ones(3))
+
+
+def test_mask_direction_close_types_pass_far_types_are_cut():
+    tm = modnets.TypeMatching(truncation=0.5, sigma=0.7)
+    s = random_signatures(3, 4)
+    far = -s[0]  # distance 2 from s_0
+    types = torch.stack([s[0], far])[None]  # (1, T=2, 4)
+    k = tm.kernel(types, s)
+    assert k[0, 0, 0].item() == pytest.approx(1.0)  # type == signature -> C~ = exp(0) = 1
+    assert k[0, 0, 1].item() == 0.0  # beyond tau -> 0
+    d = tm.distance(types, s)
+    expected = torch.where(d < 0.5, torch.exp(-d / 0.7), torch.zeros_like(d))
+    torch.testing.assert_close(k, expected)
+
+
+def test_compatibilities_normalised_over_functions():
+    tm = modnets.TypeMatching(truncation=1.2, eps=1e-6)
+    types = F.normalize(torch.randn(4, 9, 6), dim=-1)
+    s = random_signatures(5, 6)
+    C = tm(types, s)
+    assert C.shape == (4, 5, 9)
+    assert (C >= 0).all() and (C.sum(1) <= 1 + 1e-6).all()
+    k = tm.kernel(types, s)
+    torch.testing.assert_close(C, k / (1e-6 + k.sum(1, keepdim=True)))
+    matched = k.sum(1) > 0.1
+    torch.testing.assert_close(C.sum(1)[matched], torch.ones(int(matched.sum())), atol=1e-4, rtol=0)
+
+
+def test_type_matching_straight_through_passes_gradient_beyond_tau():
+    s = random_signatures(2, 4)
+    types = (-s[:1])[None].clone().requires_grad_(True)  # beyond tau for function 0
+    for st, expect_grad in ((False, False), (True, True)):
+        tm = modnets.TypeMatching(truncation=0.5, straight_through=st).train()
+        k = tm.kernel(types, s)
+        assert k[0, 0, 0].item() == 0.0
+        (g,) = torch.autograd.grad(k[0, 0, 0], types)
+        assert (g.abs().sum() > 0) == expect_grad
+
+
+@pytest.mark.parametrize("field,value", [("truncation", 0.0), ("truncation", 2.5), ("sigma", 0)])
+def test_type_matching_rejects_bad_hyperparameters(field, value):
+    with pytest.raises(ValueError, match=field):
+        modnets.TypeMatching(**{field: value})
+
+
+# ---------------------------------------------------------------- ModAttn (eqs. 6-8)
+
+
+def modattn_loop_reference(attn, x, codes, compat):
+    """Eqs. 6-8 one function and one head at a time."""
+    B, U, T, d = x.shape
+    H, dh = attn.num_heads, attn.head_dim
+    out = torch.zeros_like(x)
+    for u in range(U):
+        c = codes[u]
+        q = attn.query(x[:, u], c).view(B, T, H, dh)
+        k = attn.key(x[:, u], c).view(B, T, H, dh)
+        v = attn.value(x[:, u], c).view(B, T, H, dh)
+        heads = []
+        for h in range(H):
+            p = torch.softmax(q[:, :, h] @ k[:, :, h].transpose(1, 2) / math.sqrt(dh), dim=-1)
+            w = compat[:, u, :, None] * compat[:, u, None, :] * p
+            w = w / (attn.eps + w.sum(-1, keepdim=True))
+            heads.append(w @ v[:, :, h])
+        out[:, u] = attn.out(torch.cat(heads, dim=-1), c)
+    return out
+
+
+def test_modattn_vectorised_equals_loop():
+    attn = modnets.ModAttn(16, 8, num_heads=4)
+    x, codes, compat = streams()
+    torch.testing.assert_close(
+        attn(x, codes, compat), modattn_loop_reference(attn, x, codes, compat)
+    )
+
+
+def test_modattn_rows_sum_to_one_or_zero_and_renormalise_not_resoftmax():
+    attn = modnets.ModAttn(16, 8, num_heads=2)
+    x, codes, compat = streams()
+    compat[:, 1, 2] = 0.0  # function 1 may not read token 2
+    w = attn.attention_weights(x, codes, compat)
+    rows = w.sum(-1)
+    assert torch.all(rows[:, 1, :, 2] == 0)  # masked query: all-zero row
+    assert torch.all(w[:, 1, :, :, 2] == 0)  # ... and nobody reads the masked key
+    # Rows sum to S / (eps + S) with S = sum_j W~_ij: 1 up to eps wherever the query is matched.
+    live = (compat >= 0.05)[:, :, None, :].expand_as(rows)
+    torch.testing.assert_close(rows[live], torch.ones(int(live.sum())), atol=1e-3, rtol=0)
+    assert (rows <= 1).all()
+    # (a second softmax instead of the division would give weight to the masked key)
+
+
+# ---------------------------------------------------------------- LOC (eqs. 9-10)
+
+
+def loc_loop_reference(loc, x, codes, compat):
+    out = torch.zeros_like(x)
+    for u in range(x.shape[1]):
+        xu, cu, Cu = x[:, u : u + 1], codes[u : u + 1], compat[:, u : u + 1]
+        a = xu + Cu[..., None] * loc.attn(loc.norm_attn(xu), cu, Cu)
+        out[:, u : u + 1] = a + Cu[..., None] * loc.mlp(loc.norm_mlp(a), cu[:, None])
+    return out
+
+
+def test_loc_vectorised_equals_per_function_loop():
+    loc = modnets.LOC(16, 8, num_heads=2, mlp_hidden=24)
+    x, codes, compat = streams()
+    torch.testing.assert_close(loc(x, codes, compat), loc_loop_reference(loc, x, codes, compat))
+
+
+def test_loc_is_identity_where_compatibility_is_zero():
+    loc = modnets.LOC(16, 8, num_heads=2)
+    x, codes, compat = streams()
+    compat[:, :, 3] = 0.0
+    compat[1, 2, 0] = 0.0
+    y = loc(x, codes, compat)
+    torch.testing.assert_close(y[:, :, 3], x[:, :, 3], rtol=0, atol=0)
+    torch.testing.assert_close(y[1, 2, 0], x[1, 2, 0], rtol=0, atol=0)
+    assert not torch.allclose(y[:, :, 1], x[:, :, 1])
+
+
+# ---------------------------------------------------------------- interpreter, script, model
+
+
+@pytest.mark.parametrize("residual", ["delta", "literal"])
+def test_interpreter_leaves_unmatched_tokens_unchanged(residual):
+    interp = modnets.Interpreter(16, 8, num_locs=2, num_heads=2, residual=residual)
+    x = torch.randn(2, 5, 16)
+    _, codes, compat = streams()
+    compat[:, :, 4] = 0.0
+    y = interp(x, codes, compat)
+    torch.testing.assert_close(y[:, 4], x[:, 4], rtol=0, atol=0)
+    assert not torch.allclose(y[:, 0], x[:, 0])
+
+
+def test_interpreter_residual_forms():
+    """'delta' pools the streams' updates; 'literal' is eq. 11 as printed and adds x once more."""
+    torch.manual_seed(1)
+    interp = modnets.Interpreter(16, 8, num_locs=1, num_heads=2)
+    x = torch.randn(2, 5, 16)
+    _, codes, compat = streams()
+    y_delta = interp(x, codes, compat)
+    interp.residual = "literal"
+    y_literal = interp(x, codes, compat)
+    torch.testing.assert_close(y_literal - y_delta, compat.sum(1)[..., None] * x)
+
+
+def test_script_leaves_a_token_far_from_every_signature_unchanged():
+    cfg = tiny_config(num_scripts=1, num_iterations=3, truncation=1.0)
+    script = modnets.Script(cfg)
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        t0 = script.iteration.type_inference(x)[0, 2]  # the type of token 2 of sample 0
+        script.signature_chunks[0].copy_((-t0).expand(3, -1))  # every signature antipodal to it
+    y, C, _ = script(x, return_routing=True)
+    assert torch.all(C[0, :, :, 2] == 0)
+    torch.testing.assert_close(y[0, 2], x[0, 2], rtol=0, atol=0)
+    assert not torch.allclose(y[0, 0], x[0, 0])
+
+
+def test_parameter_count_depends_on_functions_only_through_signatures_and_codes():
+    def count(U):
+        torch.manual_seed(0)
+        return sum(
+            p.numel() for p in modnets.NeuralInterpreter(tiny_config(num_functions=U)).parameters()
+        )
+
+    cfg = tiny_config()
+    per_function = cfg.num_scripts * (cfg.type_dim + cfg.code_dim)
+    assert count(7) - count(3) == 4 * per_function
+    assert count(20) - count(3) == 17 * per_function
+
+
+def test_add_functions_keeps_outputs_while_new_functions_are_masked():
+    torch.manual_seed(0)
+    model = modnets.NeuralInterpreter(tiny_config()).eval()
+    x = torch.randn(4, 5)
+    before = model(x)
+    model.add_functions(2, freeze_existing=True, active=False)
+    assert model.scripts[0].num_functions == 5
+    torch.testing.assert_close(model(x), before)  # buffer mask: new functions off
+    on = torch.ones(5, dtype=torch.bool)
+    assert not torch.allclose(model(x, function_mask=on), before)
+    script = model.scripts[0]
+    assert [p.requires_grad for p in script.code_chunks] == [False, True]
+    assert all(not p.requires_grad for p in script.signature_chunks)  # signatures fixed by default
+
+
+def test_dropping_functions_equals_masking_them():
+    torch.manual_seed(0)
+    model = modnets.NeuralInterpreter(tiny_config(num_functions=4)).eval()
+    x = torch.randn(3, 5)
+    mask = torch.tensor([True, False, True, False])
+    masked = model(x, function_mask=mask)
+    model.remove_functions([1, 3])
+    assert model.scripts[1].num_functions == 2
+    torch.testing.assert_close(model(x), masked)
+    with pytest.raises(ValueError, match="indices"):
+        model.remove_functions([5])
+    with pytest.raises(ValueError, match="every function"):
+        model.remove_functions([0, 1])
+
+
+def test_anytime_inference_and_routing_introspection():
+    model = modnets.NeuralInterpreter(tiny_config()).eval()
+    x = torch.randn(3, 5)
+    default = model(x)
+    out = model(x, return_routing=True)
+    torch.testing.assert_close(out.logits, default)  # introspection does not change outputs
+    T = 5 + 2  # elements + CLS tokens
+    assert [c.shape for c in out.compatibilities] == [(3, 2, 3, T)] * 2
+    assert [t.shape for t in out.types] == [(3, 2, T, 4)] * 2
+    assert not torch.allclose(model(x, num_iterations=1), default)
+    zero = model(x, num_iterations=0, return_routing=True)
+    assert zero.compatibilities[0].shape == (3, 0, 3, T)
+    torch.testing.assert_close(model(x, num_iterations=[2, 2]), default)
+    with pytest.raises(ValueError, match="num_iterations"):
+        model(x, num_iterations=-1)
+
+
+def test_image_model_shapes_and_vit_baseline():
+    cfg = modnets.NIConfig(
+        dim=24, type_dim=4, num_functions=2, num_iterations=2, num_heads=3, image_size=8,
+        patch_size=4, in_channels=1, num_cls=3, num_outputs=10,
+    )  # fmt: skip
+    x = torch.randn(2, 1, 8, 8)
+    for kind in modnets.baselines.MODELS:
+        model = modnets.build_model(kind, cfg)
+        assert model(x).shape == (2, 3, 10)
+    assert modnets.ViT(cfg).depth == 2
+    with pytest.raises(ValueError, match="images must have shape"):
+        modnets.NeuralInterpreter(cfg)(torch.randn(2, 3, 8, 8))
+    with pytest.raises(ValueError, match="kind"):
+        modnets.build_model("mlp", cfg)
+
+
+def test_gradcheck_tiny_model_float64():
+    torch.manual_seed(0)
+    cfg = tiny_config(dim=8, code_dim=4, num_heads=2, num_scripts=1, num_locs=1, num_cls=1,
+                      num_elements=3, truncation=2.0)  # fmt: skip
+    model = modnets.NeuralInterpreter(cfg).double()
+    x = torch.rand(2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: model(v), (x,), atol=1e-5)
+
+
+def test_finite_gradients_reach_every_trainable_parameter():
+    model = modnets.NeuralInterpreter(tiny_config(learn_signatures=True))
+    loss = model(torch.randn(4, 5)).pow(2).mean()
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+
+
+def test_seeded_runs_are_reproducible():
+    def run():
+        modnets.seed_everything(7)
+        model = modnets.NeuralInterpreter(tiny_config())
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = torch.randn(8, 5), torch.randn(8, 2, 3)
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        return loss.item(), model(x).detach()
+
+    (l1, o1), (l2, o2) = run(), run()
+    assert l1 == l2 and torch.equal(o1, o2)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_heads", 5),  # does not divide dim
+        ("truncation", 0.0),
+        ("truncation", 2.01),
+        ("num_functions", 0),
+        ("num_iterations", 0),
+        ("sigma", -1.0),
+        ("residual", "gated"),
+        ("input_kind", "text"),
+        ("patch_size", 5),
+        ("type_dim", 1),
+    ],
+)
+def test_bad_configs_raise_value_error_naming_the_field(field, value):
+    kw = {"input_kind": "image"} if field == "patch_size" else {}
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**{**kw, field: value})
+
+
+def test_config_replace_and_type_checks():
+    cfg = tiny_config()
+    assert cfg.replace(num_functions=9).num_functions == 9
+    with pytest.raises(ValueError, match="unknown"):
+        cfg.replace(nonsense=1)
+    with pytest.raises(TypeError, match="NIConfig"):
+        modnets.NeuralInterpreter({"dim": 16})
+    with pytest.raises(ValueError, match="function_mask"):
+        modnets.NeuralInterpreter(cfg)(torch.randn(2, 5), function_mask=torch.ones(4, dtype=bool))
