@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
+import sys
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "count_parameters"]
+__all__ = ["seed_everything", "default_device", "count_parameters", "progress"]
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -40,3 +42,30 @@ def default_device() -> torch.device:
 def count_parameters(module: torch.nn.Module, trainable_only: bool = False) -> int:
     """Number of scalar parameters of ``module``."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+def _in_notebook_with_widgets() -> bool:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    in_kernel = shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+    return in_kernel and importlib.util.find_spec("ipywidgets") is not None
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str | None = None, **kwargs):
+    """A tqdm progress bar that reads well wherever the code runs.
+
+    In a live notebook with ipywidgets (Colab, JupyterLab) it is a widget. Elsewhere (a terminal, a
+    notebook executed for the book) it is a text bar on stdout that refreshes at most every
+    ``mininterval`` seconds (default 10), so an executed notebook keeps a short log, not hundreds
+    of lines.
+    """
+    if _in_notebook_with_widgets():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, **kwargs)
+    from tqdm import tqdm
+
+    kwargs.setdefault("mininterval", 10.0)
+    kwargs.setdefault("file", sys.stdout)
+    kwargs.setdefault("dynamic_ncols", False)
+    return tqdm(iterable, total=total, desc=desc, **kwargs)
