@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets.ni import NeuralInterpreter, NIConfig, make_tokenizer
+from modnets.ni import ClassTokenModel, NeuralInterpreter, NIConfig, make_tokenizer
 from modnets.nn.tokens import ClassTokens, Heads
 
 __all__ = ["TransformerBlock", "ViT", "build_model", "MODELS"]
@@ -44,7 +44,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class ViT(nn.Module):
+class ViT(ClassTokenModel):
     """Vision-transformer baseline with the NI's tokeniser, CLS tokens and heads.
 
     Args:

@@ -32,6 +32,7 @@ __all__ = [
     "Script",
     "NeuralInterpreter",
     "make_tokenizer",
+    "ClassTokenModel",
 ]
 
 RESIDUALS = ("delta", "literal")
@@ -363,7 +364,31 @@ def make_tokenizer(config: NIConfig) -> nn.Module:
     return ElementEmbedding(config.num_elements, config.element_features, config.dim)
 
 
-class NeuralInterpreter(nn.Module):
+class ClassTokenModel(nn.Module):
+    """Shared by :class:`NeuralInterpreter` and :class:`~modnets.baselines.ViT`: CLS-token surgery."""
+
+    config: NIConfig
+    cls: ClassTokens
+    heads: Heads
+
+    def reset_cls_tokens(self, num_cls: int, num_outputs: int | None = None) -> None:
+        """Replace the CLS tokens by ``num_cls`` fresh ones, for new tasks (NI §4.1-4.2).
+
+        A shared head is kept (unless ``num_outputs`` changes it); per-token heads are replaced by
+        fresh ones. ``config.num_cls`` (and ``num_outputs``) are updated.
+        """
+        num_outputs = self.config.num_outputs if num_outputs is None else num_outputs
+        new_config = self.config.replace(num_cls=num_cls, num_outputs=num_outputs)
+        device = self.cls.tokens.device
+        self.cls = ClassTokens(num_cls, new_config.dim).to(device)
+        if not (new_config.shared_head and num_outputs == self.config.num_outputs):
+            self.heads = Heads(num_cls, new_config.dim, num_outputs, new_config.shared_head).to(
+                device
+            )
+        self.config = new_config
+
+
+class NeuralInterpreter(ClassTokenModel):
     """The Neural Interpreter of NI eq. 1: tokens and CLS tokens through ``n_s`` scripts.
 
     Shapes: images ``(B, C, H, W)`` or vectors ``(B, n[, f])`` -> logits ``(B, num_cls, num_outputs)``.

@@ -342,3 +342,36 @@ def test_config_replace_and_type_checks():
         modnets.NeuralInterpreter({"dim": 16})
     with pytest.raises(ValueError, match="function_mask"):
         modnets.NeuralInterpreter(cfg)(torch.randn(2, 5), function_mask=torch.ones(4, dtype=bool))
+
+
+@pytest.mark.parametrize("kind", ["ni", "vit"])
+def test_reset_cls_tokens_keeps_shared_head_and_body(kind):
+    cfg = tiny_config(num_cls=4, num_outputs=1, shared_head=True)
+    model = modnets.build_model(kind, cfg)
+    head_before = model.heads
+    model.reset_cls_tokens(6)
+    assert model.config.num_cls == 6 and model.heads is head_before
+    assert model(torch.randn(3, 5)).shape == (3, 6, 1)
+    model.reset_cls_tokens(2, num_outputs=4)
+    assert model.heads is not head_before and model(torch.randn(3, 5)).shape == (3, 2, 4)
+
+
+def test_shared_head_applies_one_head_to_every_cls_token():
+    model = modnets.NeuralInterpreter(tiny_config(num_cls=3, shared_head=True)).eval()
+    cls_out = torch.randn(2, 3, 16)
+    out = model.heads(cls_out)
+    for n in range(3):
+        torch.testing.assert_close(out[:, n], model.heads(cls_out[:, n : n + 1])[:, 0])
+
+
+def test_routing_graph_shares_and_flows():
+    from modnets.viz import routing_graph
+
+    C = torch.zeros(2, 3, 4)
+    C[0, 0] = 1.0  # step 0: every token to f0
+    C[1, 2, :2] = 1.0  # step 1: half the tokens to f2
+    G = routing_graph(C)
+    assert G.nodes[(0, 0)]["share"] == 1.0 and G.nodes[(1, 2)]["share"] == 0.5
+    assert G.edges[(0, 0), (1, 2)]["weight"] == 0.5
+    assert not G.has_edge((0, 1), (1, 2))
+    assert routing_graph(C, token=3).nodes[(1, 2)]["share"] == 0.0

@@ -11,13 +11,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "data_root", "DatasetNotFoundError"]
+__all__ = ["ENV_VAR", "data_root", "DatasetNotFoundError", "DatasetCorruptedError"]
 
 ENV_VAR = "MODNETS_DATA"
 
 
 class DatasetNotFoundError(FileNotFoundError):
     """A dataset is missing from the data root and could not be downloaded."""
+
+
+class DatasetCorruptedError(ValueError):
+    """A dataset file exists but is truncated, corrupted or of an unknown release."""
 
 
 def data_root() -> Path:

@@ -1,0 +1,1 @@
+"""The papers' experiments, runnable as ``python -m modnets.experiments.<name> --profile cpu``."""

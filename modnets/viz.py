@@ -1,0 +1,94 @@
+"""Pictures of routing: computational paths through function iterations (NI Fig. 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+from torch import Tensor
+
+__all__ = ["routing_graph", "draw_routing"]
+
+
+def routing_graph(compat: Tensor, token: int | None = None, min_weight: float = 1e-3) -> nx.DiGraph:
+    """A layered graph of how tokens flow through functions over successive iterations.
+
+    Args:
+        compat: compatibilities of one sample, ``(steps, U, T)`` (e.g. ``NIOutput.compatibilities``
+            of all scripts concatenated along the step axis, for one sample).
+        token: follow one token; by default, average over all tokens.
+        min_weight: drop edges lighter than this.
+
+    Nodes are ``"input"`` and ``(step, u)`` with attribute ``share``: the share of the token (or
+    the mean share over tokens) that function ``u`` receives at that step. An edge
+    ``(step-1, u) -> (step, v)`` has ``weight`` = the mean over tokens of ``C[step-1, u] C[step, v]``:
+    how much of the token stream passes from ``u`` to ``v``.
+    """
+    if compat.dim() != 3:
+        raise ValueError(
+            f"compat must have shape (steps, functions, tokens), got {tuple(compat.shape)}"
+        )
+    C = compat.detach().float().cpu()
+    if token is not None:
+        C = C[:, :, token : token + 1]
+    steps, U, _ = C.shape
+    G = nx.DiGraph()
+    G.add_node("input", share=1.0)
+    for k in range(steps):
+        for u in range(U):
+            G.add_node((k, u), share=C[k, u].mean().item())
+            if k == 0:
+                w = C[0, u].mean().item()
+                if w > min_weight:
+                    G.add_edge("input", (0, u), weight=w)
+                continue
+            for v in range(U):
+                w = (C[k - 1, v] * C[k, u]).mean().item()
+                if w > min_weight:
+                    G.add_edge((k - 1, v), (k, u), weight=w)
+    return G
+
+
+def draw_routing(
+    compat: Tensor,
+    ax=None,
+    token: int | None = None,
+    step_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    node_scale: float = 900.0,
+    edge_scale: float = 6.0,
+):
+    """Draw :func:`routing_graph` with steps left to right and functions top to bottom.
+
+    Node area is proportional to the share a function receives, edge width to the flow between
+    functions of consecutive steps. Colours identify functions (the same colour at every step:
+    shared parameters).
+    """
+    import matplotlib.pyplot as plt
+
+    G = routing_graph(compat, token)
+    steps, U = compat.shape[0], compat.shape[1]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 * (steps + 1), 0.6 * U + 1))
+    pos = {"input": (0.0, (U - 1) / 2)}
+    pos.update({(k, u): (k + 1.0, U - 1.0 - u) for k in range(steps) for u in range(U)})
+    nodes = [n for n in G.nodes if n != "input"]
+    colours = [plt.cm.tab10(n[1] % 10) for n in nodes]
+    nx.draw_networkx_nodes(G, pos, nodelist=["input"], node_size=200, node_color="0.3", ax=ax)
+    nx.draw_networkx_nodes(
+        G, pos, nodelist=nodes, node_size=[node_scale * G.nodes[n]["share"] + 10 for n in nodes],
+        node_color=colours, ax=ax,
+    )  # fmt: skip
+    widths = [edge_scale * G.edges[e]["weight"] for e in G.edges]
+    nx.draw_networkx_edges(G, pos, width=widths, arrows=False, ax=ax, edge_color="0.4")
+    labels = (
+        list(step_labels) if step_labels is not None else [f"iter {k + 1}" for k in range(steps)]
+    )
+    ax.set_xticks(range(steps + 1), ["input", *labels])
+    ax.set_yticks(range(U), [f"f{U - 1 - u}" for u in range(U)])
+    ax.tick_params(left=True, bottom=True, labelleft=True, labelbottom=True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title)
+    return ax

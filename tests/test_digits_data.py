@@ -1,0 +1,131 @@
+"""Digit loaders on tiny fake files in each on-disk layout, including broken and missing ones."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import scipy.io
+from PIL import Image
+
+from modnets.data import DatasetCorruptedError, DatasetNotFoundError
+from modnets.data.digits import (
+    load_digits,
+    load_kmnist,
+    load_mnist,
+    load_mnist_m,
+    load_svhn,
+    read_idx,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def write_idx(path, array, compress=True):
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", n) for n in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (gzip.open if compress else open)(path, "wb").write(data)
+
+
+def fake_mnist(root, n=7, prefix="train"):
+    images = RNG.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = RNG.integers(0, 10, size=n, dtype=np.uint8)
+    write_idx(root / "MNIST" / "raw" / f"{prefix}-images-idx3-ubyte.gz", images)
+    write_idx(root / "MNIST" / "raw" / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return images, labels
+
+
+def test_mnist_idx_layout(tmp_path):
+    images, labels = fake_mnist(tmp_path)
+    x, y = load_mnist("train", root=tmp_path, download=False, verify=False)
+    np.testing.assert_array_equal(x, images)
+    np.testing.assert_array_equal(y, labels)
+    assert y.dtype == np.int64
+
+
+def test_mnist_md5_mismatch_is_reported(tmp_path):
+    fake_mnist(tmp_path)
+    with pytest.raises(DatasetCorruptedError, match="md5"):
+        load_mnist("train", root=tmp_path, download=False, verify=True)
+
+
+def test_corrupted_gzip_and_truncated_idx_are_reported(tmp_path):
+    images, _ = fake_mnist(tmp_path)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])  # truncated gzip stream
+    with pytest.raises(DatasetCorruptedError, match="gzip"):
+        load_mnist("train", root=tmp_path, download=False, verify=False)
+    write_idx(path, images)
+    full = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(full[:-100]))  # valid gzip, short payload
+    with pytest.raises(DatasetCorruptedError, match="truncated"):
+        read_idx(path)
+
+
+def test_missing_files_name_dataset_path_and_fix(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_mnist("test", root=tmp_path, download=False)
+    msg = str(err.value)
+    assert "mnist" in msg and str(tmp_path / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz") in msg
+    assert "MODNETS_DATA" in msg
+
+
+def test_kmnist_npz_layout_and_bad_npz(tmp_path):
+    folder = tmp_path / "KMNIST" / "raw"
+    folder.mkdir(parents=True)
+    images = RNG.integers(0, 256, size=(5, 28, 28), dtype=np.uint8)
+    labels = np.arange(5, dtype=np.uint8)
+    np.savez_compressed(folder / "kmnist-test-imgs.npz", images)
+    np.savez_compressed(folder / "kmnist-test-labels.npz", labels)
+    x, y = load_kmnist("test", root=tmp_path, download=False, verify=False)
+    np.testing.assert_array_equal(x, images)
+    np.testing.assert_array_equal(y, labels)
+    (folder / "kmnist-test-imgs.npz").write_bytes(b"not a zip file")
+    with pytest.raises(DatasetCorruptedError, match="npz"):
+        load_kmnist("test", root=tmp_path, download=False, verify=False)
+
+
+def test_mnist_m_png_layout_missing_and_broken_png(tmp_path):
+    folder = tmp_path / "MNIST-M" / "mnist_m"
+    (folder / "mnist_m_test").mkdir(parents=True)
+    images = RNG.integers(0, 256, size=(3, 32, 32, 3), dtype=np.uint8)
+    lines = []
+    for i, img in enumerate(images):
+        Image.fromarray(img).save(folder / "mnist_m_test" / f"{i:08d}.png")
+        lines.append(f"{i:08d}.png {i + 4}")
+    (folder / "mnist_m_test_labels.txt").write_text("\n".join(lines) + "\n")
+    x, y = load_mnist_m("test", root=tmp_path, download=False)
+    np.testing.assert_array_equal(x, images)
+    np.testing.assert_array_equal(y, [4, 5, 6])
+    (folder / "mnist_m_test" / "00000001.png").write_bytes(b"\x89PNG broken")
+    with pytest.raises(DatasetCorruptedError, match="00000001.png"):
+        load_mnist_m("test", root=tmp_path, download=False)
+    (folder / "mnist_m_test" / "00000001.png").unlink()
+    with pytest.raises(DatasetNotFoundError, match="00000001.png"):
+        load_mnist_m("test", root=tmp_path, download=False)
+    with pytest.raises(DatasetNotFoundError, match="mnist_m_train_labels.txt"):
+        load_mnist_m("train", root=tmp_path, download=False)
+
+
+def test_svhn_mat_layout_maps_ten_to_zero(tmp_path):
+    folder = tmp_path / "SVHN"
+    folder.mkdir()
+    X = RNG.integers(0, 256, size=(32, 32, 3, 4), dtype=np.uint8)
+    y = np.array([[10], [1], [9], [10]], dtype=np.uint8)
+    scipy.io.savemat(folder / "test_32x32.mat", {"X": X, "y": y})
+    images, labels = load_svhn("test", root=tmp_path, download=False, verify=False)
+    assert images.shape == (4, 32, 32, 3)
+    np.testing.assert_array_equal(images[1], X[..., 1])
+    np.testing.assert_array_equal(labels, [0, 1, 9, 0])
+    (folder / "test_32x32.mat").write_bytes(b"garbage")
+    with pytest.raises(DatasetCorruptedError, match="SVHN"):
+        load_svhn("test", root=tmp_path, download=False, verify=False)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="split"):
+        load_mnist("validation", download=False)
+    with pytest.raises(ValueError, match="dataset"):
+        load_digits("cifar", "train")

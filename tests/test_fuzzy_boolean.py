@@ -1,0 +1,134 @@
+"""NI §4.1: fuzzy Boolean functions, the R^2 metric, the finetuning regimes, the experiment."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from modnets.data.fuzzy_boolean import (
+    FuzzyBooleanFunctions,
+    fuzzy_and,
+    fuzzy_not,
+    fuzzy_or,
+    make_dataset,
+    minterms,
+    sample_functions,
+)
+from modnets.experiments import fuzzy_boolean as fb
+from modnets.training import r2_score
+
+CORNERS = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)))
+
+
+def test_fuzzy_operations_reduce_to_boolean_logic():
+    for a, b in itertools.product([0.0, 1.0], repeat=2):
+        ta, tb = torch.tensor(a), torch.tensor(b)
+        assert fuzzy_and(ta, tb).item() == float(bool(a) and bool(b))
+        assert fuzzy_or(ta, tb).item() == float(bool(a) or bool(b))
+        assert fuzzy_not(ta).item() == float(not bool(a))
+
+
+def test_functions_equal_their_truth_tables_on_the_corners():
+    f = sample_functions(8, seed=3)
+    out = f(CORNERS)  # (32, 8)
+    for i, corner in enumerate(CORNERS):
+        m = int(sum(int(v) << j for j, v in enumerate(corner.tolist())))  # bit j = x_{j+1}
+        assert torch.equal(out[i], f.tables[:, m].float())
+
+
+def test_dnf_matches_direct_fuzzy_evaluation():
+    f = sample_functions(3, seed=1)
+    x = torch.rand(50, 5, dtype=torch.float64)
+    for k in range(3):
+        value = torch.zeros(50, dtype=torch.float64)
+        for m in torch.nonzero(f.tables[k]).flatten().tolist():
+            term = torch.ones(50, dtype=torch.float64)
+            for j in range(5):
+                term = fuzzy_and(term, x[:, j] if (m >> j) & 1 else fuzzy_not(x[:, j]))
+            value = fuzzy_or(value, term)
+        torch.testing.assert_close(f(x)[:, k], value)
+    assert f.dnf(0).count("|") == int(f.tables[0].sum()) - 1
+
+
+def test_minterms_partition_unity():
+    torch.testing.assert_close(minterms(torch.rand(20, 5)).sum(-1), torch.ones(20))
+
+
+def test_generator_is_reproducible_and_rejects_near_constant_functions():
+    a, b, c = (
+        sample_functions(10, seed=5),
+        sample_functions(10, seed=5),
+        sample_functions(10, seed=6),
+    )
+    assert torch.equal(a.tables, b.tables) and not torch.equal(a.tables, c.tables)
+    assert len({t.numpy().tobytes() for t in a.tables}) == 10  # distinct
+    x = torch.rand(4096, 5)
+    assert (a(x).var(0) >= 1e-3).all()
+    never = FuzzyBooleanFunctions(torch.zeros(1, 32, dtype=torch.bool))
+    assert never(x).abs().max().item() == 0.0
+    # The always-true table is not constant under fuzzy semantics (the probabilistic OR of all
+    # minterms is below 1 inside the cube), but nearly so: the variance threshold rejects it.
+    always = FuzzyBooleanFunctions(torch.ones(1, 32, dtype=torch.bool))
+    assert 0 < always(x).var().item() < 2e-3
+    with pytest.raises(RuntimeError, match="variance"):
+        sample_functions(2, num_variables=2, min_variance=0.5)
+    with pytest.raises(ValueError, match="num_functions"):
+        sample_functions(0)
+
+
+def test_dataset_split_and_reproducibility():
+    f = sample_functions(4, seed=0)
+    d1, d2 = make_dataset(f, 1000, seed=2), make_dataset(f, 1000, seed=2)
+    assert d1.x_train.shape == (800, 5) and d1.y_val.shape == (200, 4)
+    assert torch.equal(d1.x_train, d2.x_train)
+    assert (d1.x_train >= 0).all() and (d1.x_train <= 1).all()
+    torch.testing.assert_close(d1.y_train, f(d1.x_train))
+
+
+def test_r2_equals_reference():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(100, 3))
+    p = y + rng.normal(scale=0.3, size=(100, 3))
+    ref = 1 - ((y - p) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+    ours = r2_score(torch.from_numpy(p), torch.from_numpy(y)).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-12)
+    sklearn = pytest.importorskip("sklearn.metrics")
+    np.testing.assert_allclose(ours, sklearn.r2_score(y, p, multioutput="raw_values"), rtol=1e-12)
+    assert r2_score(torch.from_numpy(y), torch.from_numpy(y)).eq(1).all()
+
+
+def test_regimes_freeze_exactly_the_intended_parameters():
+    cfg = fb.CONFIGS["smoke"]
+    model = fb.build_model(cfg)
+    model.reset_cls_tokens(cfg.num_finetune_functions)
+    script = model.scripts[0]
+    n_cls = model.cls.tokens.numel()
+    n_type = sum(p.numel() for p in script.iteration.type_inference.parameters())
+    n_type += script.iteration.type_matching.log_sigma.numel()
+    n_type += sum(p.numel() for p in script.signature_chunks)
+    n_all = sum(p.numel() for p in model.parameters())
+    assert fb.set_trainable(model, "cls") == n_cls
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {"cls.tokens"}
+    assert fb.set_trainable(model, "type") == n_cls + n_type
+    assert not any(p.requires_grad for p in script.code_chunks)
+    assert not any(p.requires_grad for p in model.heads.parameters())
+    assert fb.set_trainable(model, "all") == n_all
+    with pytest.raises(ValueError, match="regime"):
+        fb.set_trainable(model, "heads")
+
+
+def test_experiment_runs_end_to_end_at_smoke_profile(tmp_path):
+    out = tmp_path / "results.json"
+    fb.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["profile"] == "smoke"
+    for key in ("pretrain", *fb.REGIMES):
+        r2 = results[key]["r2"]
+        n = 20 if key == "pretrain" else 10
+        assert len(r2) == n and all(np.isfinite(r2))
+    assert results["cls"]["trainable_parameters"] < results["type"]["trainable_parameters"]
+    assert results["type"]["trainable_parameters"] < results["all"]["trainable_parameters"]
+    assert "NI Table 1" in fb.format_table(results)
+    assert not list(tmp_path.glob("*.tmp"))
