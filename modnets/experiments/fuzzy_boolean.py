@@ -86,8 +86,8 @@ class FuzzyBooleanConfig:
 
     def model_config(self) -> NIConfig:
         base = dict(
-            dim=64, type_dim=8, num_functions=4, num_scripts=1, num_iterations=2, num_locs=1,
-            num_heads=4, mlp_hidden=128, truncation=1.2, input_kind="vector",
+            dim=64, type_dim=8, num_functions=8, num_scripts=1, num_iterations=2, num_locs=1,
+            num_heads=4, mlp_hidden=128, truncation=1.0, input_kind="vector",
             num_elements=self.num_variables, num_cls=self.num_pretrain_functions, num_outputs=1,
             shared_head=True,
         )  # fmt: skip
@@ -99,10 +99,10 @@ CONFIGS = {
         points_per_function=1000, pretrain_epochs=2, finetune_epochs=1, batch_size=100,
         model=dict(dim=16, num_functions=3, num_heads=2, mlp_hidden=32),
     ),
-    # About 6 minutes on two CPU cores: 8x fewer points and fewer epochs than the paper.
+    # About 8 minutes on two CPU cores: 8x fewer points and fewer epochs than the paper.
     "cpu": FuzzyBooleanConfig(
-        points_per_function=20_000, pretrain_epochs=12, finetune_epochs=5, batch_size=64,
-        lr=2e-3, finetune_lr=2e-3,
+        points_per_function=20_000, pretrain_epochs=8, finetune_epochs=3, batch_size=64,
+        lr=2e-3, finetune_lr=4e-3,
     ),
     "gpu": FuzzyBooleanConfig(),
 }  # fmt: skip
