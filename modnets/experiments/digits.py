@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from modnets.baselines import ViT
 from modnets.data import data_root
 from modnets.data.digits import load_digits
+from modnets.experiments.results import save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import autocast, minibatches, save_checkpoint, warmup_cosine
@@ -127,7 +128,7 @@ CONFIGS = {
     # again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens).
     "cpu": DigitsConfig(
         datasets=("mnist", "mnist_m"), train_per_dataset=6000, val_per_dataset=1500,
-        pretrain_epochs=8, batch_size=64, kmnist_pool=5000, kmnist_eval=2000,
+        pretrain_epochs=14, batch_size=64, kmnist_pool=5000, kmnist_eval=2000,
         adaptation_seeds=2, drop_trials=4,
         ni=dict(dim=64, type_dim=16, num_functions=5, num_iterations=3, num_heads=4, patch_size=8),
         vit=dict(dim=96, num_heads=4), vit_depth=4,
@@ -531,19 +532,6 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
         results["data"] = data
         results["kmnist"] = kmnist
     return results
-
-
-def save_results(results: dict, path: str | Path) -> Path:
-    """Write ``results`` (without models and data) as JSON, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    drop = {"models", "data", "kmnist"}
-    tmp.write_text(
-        json.dumps({k: v for k, v in results.items() if k not in drop}, indent=1, default=str)
-    )
-    tmp.replace(path)
-    return path
 
 
 def format_summary(results: dict) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_functions
+from modnets.experiments.results import load_results, save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import minibatches, r2_score, trainable_parameters, warmup_cosine
@@ -86,7 +86,7 @@ class FuzzyBooleanConfig:
 
     def model_config(self) -> NIConfig:
         base = dict(
-            dim=64, type_dim=8, num_functions=8, num_scripts=1, num_iterations=2, num_locs=1,
+            dim=64, type_dim=8, num_functions=6, num_scripts=1, num_iterations=2, num_locs=1,
             num_heads=4, mlp_hidden=128, truncation=1.0, input_kind="vector",
             num_elements=self.num_variables, num_cls=self.num_pretrain_functions, num_outputs=1,
             shared_head=True,
@@ -101,7 +101,7 @@ CONFIGS = {
     ),
     # About 8 minutes on two CPU cores: 8x fewer points and fewer epochs than the paper.
     "cpu": FuzzyBooleanConfig(
-        points_per_function=20_000, pretrain_epochs=8, finetune_epochs=3, batch_size=64,
+        points_per_function=20_000, pretrain_epochs=10, finetune_epochs=3, batch_size=64,
         lr=2e-3, finetune_lr=4e-3,
     ),
     "gpu": FuzzyBooleanConfig(),
@@ -279,21 +279,6 @@ def format_table(results: dict) -> str:
     for name, m, s, pm, ps in summary(results):
         lines.append(f"{name:<32} {m:>9.4f} +- {s:.4f} {pm:>9.4f} +- {ps:.4f}")
     return "\n".join(lines)
-
-
-def save_results(results: dict, path: str | Path) -> Path:
-    """Write ``results`` (without models) as JSON, atomically: a temporary file, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({k: v for k, v in results.items() if k != "models"}, indent=1))
-    tmp.replace(path)
-    return path
-
-
-def load_results(path: str | Path) -> dict:
-    """Read results written by :func:`save_results`."""
-    return json.loads(Path(path).read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
