@@ -15,6 +15,7 @@ from modnets.ni import (
 from modnets.nn.loc import LOC
 from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP
+from modnets.nn.skmdpa import SKMDPA
 from modnets.nn.type_matching import TypeInference, TypeMatching
 from modnets.profiles import get_profile
 from modnets.utils import default_device, seed_everything
@@ -30,6 +31,7 @@ __all__ = [
     "TypeMatching",
     "ModAttn",
     "LOC",
+    "SKMDPA",
     "Interpreter",
     "FunctionIteration",
     "Script",

@@ -1,0 +1,102 @@
+"""NAC eqs. 2-3 (SKMDPA): the kernel gates messages, sampling is seeded, evaluation deterministic."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modnets.nn.skmdpa import SKMDPA, concrete_sample, link_probabilities
+
+
+def inputs(B=2, U=5, d=8, ds=4):
+    return torch.randn(B, U, d), torch.randn(B, U, d), torch.randn(B, U, d), torch.randn(U, ds)
+
+
+def test_link_probabilities_equation_2():
+    s = torch.randn(5, 4)
+    P = link_probabilities(s, s, bandwidth=0.3)
+    cos = F.cosine_similarity(s[:, None], s[None], dim=-1)
+    torch.testing.assert_close(P, torch.exp(-(1 - cos) / 0.3))
+    torch.testing.assert_close(P.diagonal(), torch.ones(5))
+    assert torch.allclose(P, P.T) and (P > 0).all() and (P <= 1 + 1e-6).all()
+
+
+def test_against_reference_and_rows_sum_to_one():
+    attn = SKMDPA(num_heads=2, bandwidth=0.5).eval()
+    q, k, v, s = inputs()
+    out = attn(q, k, v, s, s)
+    P = link_probabilities(s, s, 0.5)
+    K_hat = P / (1e-6 + P.sum(-1, keepdim=True))
+    ref = []
+    for h in range(2):
+        sl = slice(4 * h, 4 * h + 4)
+        A = q[..., sl] @ k[..., sl].transpose(1, 2) / math.sqrt(4)
+        W = torch.softmax(A + torch.log(K_hat), dim=-1)
+        assert torch.allclose(W.sum(-1), torch.ones(2, 5))
+        ref.append(W @ v[..., sl])
+    torch.testing.assert_close(out, torch.cat(ref, dim=-1))
+
+
+def test_zero_kernel_blocks_the_message():
+    attn = SKMDPA(num_heads=1).eval()
+    q, k, v, s = inputs()
+    edges = torch.ones(5, 5, dtype=torch.bool)
+    edges[1, 3] = False  # module 3 may not send to module 1
+    out = attn(q, k, v, s, s, edge_mask=edges)
+    v2 = v.clone()
+    v2[:, 3] += 100.0
+    out2 = attn(q, k, v2, s, s, edge_mask=edges)
+    torch.testing.assert_close(out2[:, 1], out[:, 1])
+    assert not torch.allclose(out2[:, 0], out[:, 0])
+    dropped = attn(q, k, v2, s, s, key_mask=torch.tensor([True, True, True, False, True]))
+    torch.testing.assert_close(
+        dropped, attn(q, k, v, s, s, key_mask=torch.tensor([True, True, True, False, True]))
+    )
+
+
+def test_evaluation_deterministic_training_seeded():
+    attn = SKMDPA(num_heads=2, temperature=0.5)
+    q, k, v, s = inputs()
+    attn.eval()
+    assert torch.equal(attn(q, k, v, s, s), attn(q, k, v, s, s))
+    attn.train()
+    torch.manual_seed(3)
+    a = attn(q, k, v, s, s)
+    torch.manual_seed(3)
+    b = attn(q, k, v, s, s)
+    torch.manual_seed(4)
+    c = attn(q, k, v, s, s)
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
+def test_concrete_sample_mean_and_sharpness():
+    torch.manual_seed(0)
+    p = torch.full((20000,), 0.3)
+    soft = concrete_sample(p, temperature=1.0)
+    hard = concrete_sample(p, temperature=0.05)
+    assert abs((hard > 0.5).float().mean().item() - 0.3) < 0.02  # P(K > 1/2) = p
+    assert ((hard < 0.05) | (hard > 0.95)).float().mean() > (
+        (soft < 0.05) | (soft > 0.95)
+    ).float().mean()
+
+
+def test_threshold_kernel_and_gradcheck():
+    s = torch.randn(4, 3, dtype=torch.float64)
+    q, k, v = (torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    attn = SKMDPA(num_heads=2, bandwidth=0.7).eval()
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, s: attn(q, k, v, s, s), (q, k, v, s.requires_grad_())
+    )
+    thr = SKMDPA(eval_kernel="threshold", bandwidth=0.7).eval()
+    assert set(thr.kernel(link_probabilities(s, s, 0.7)).unique().tolist()) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"num_heads": 0}, "num_heads"), ({"bandwidth": 0}, "bandwidth"), ({"temperature": -1}, "temperature"),
+     ({"eval_kernel": "mean"}, "eval_kernel")],
+)  # fmt: skip
+def test_bad_arguments(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SKMDPA(**kwargs)
