@@ -462,13 +462,12 @@ def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, 
                      cache: bool = True) -> tuple[nn.Module, dict]:  # fmt: skip
     """Pretrain ``kind`` ("ni" or "vit"), or load it from an atomic checkpoint of the same config."""
     path = checkpoint_dir() / f"digits_{kind}_{config.key(kind)}.pt"
+    seed_everything(config.seed)
     model = (build_ni if kind == "ni" else build_vit)(config).to(device)
     if cache and path.exists():
         state = torch.load(path, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         return model, state["history"]
-    seed_everything(config.seed)
-    model = (build_ni if kind == "ni" else build_vit)(config).to(device)
     lr = config.lr if kind == "ni" else config.vit_lr
     history = pretrain(model, data, config, lr, f"pretraining {kind.upper()}", show_progress)
     if cache:
