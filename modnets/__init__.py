@@ -1,9 +1,10 @@
 """modnets: modular neural architectures -- Neural Interpreters, Neural Attentive Circuits and
 Neural Function Modules -- built from the ground up in PyTorch."""
 
-from modnets import profiles, utils
-from modnets.baselines import ViT, build_model
+from modnets import graphs, profiles, utils
+from modnets.baselines import PerceiverIO, ViT, build_model
 from modnets.data import data_root
+from modnets.nac import NACConfig, NACOutput, NeuralAttentiveCircuit
 from modnets.ni import (
     FunctionIteration,
     Interpreter,
@@ -38,12 +39,17 @@ __all__ = [
     "NeuralInterpreter",
     "NIConfig",
     "NIOutput",
+    "NeuralAttentiveCircuit",
+    "NACConfig",
+    "NACOutput",
+    "PerceiverIO",
     "ViT",
     "build_model",
     "get_profile",
     "seed_everything",
     "default_device",
     "data_root",
+    "graphs",
     "profiles",
     "utils",
 ]

@@ -86,7 +86,8 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
     sigma = torch.arange(P.shape[0])
     for _ in range(refine_steps + 1):
         cols = P0[:, sigma]
-        cost = ((Pn[:, None, :] - cols[None, :, :]) ** 2).sum(-1)
+        # sum_i (P_vi - Q_wi)^2 expanded: O(U^2) memory instead of a (U, U, U) difference
+        cost = (Pn**2).sum(1)[:, None] + (cols**2).sum(1)[None, :] - 2 * Pn @ cols.T
         rows, assigned = linear_sum_assignment(cost.numpy())
         new = torch.as_tensor(assigned[np.argsort(rows)])
         if torch.equal(new, sigma):

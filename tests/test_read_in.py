@@ -13,11 +13,15 @@ def randomize(module):
     return module
 
 
-@pytest.mark.parametrize("heads,per_sample_states", [(1, False), (4, False), (2, True)])
-def test_factorised_equals_naive(heads, per_sample_states):
+@pytest.mark.parametrize(
+    "heads,per_sample_states,per_sample_codes",
+    [(1, False, False), (4, False, False), (2, True, False), (2, True, True)],
+)
+def test_factorised_equals_naive(heads, per_sample_states, per_sample_codes):
     torch.manual_seed(0)
     read_in = randomize(ReadIn(dim=16, input_dim=12, code_dim=6, num_heads=heads))
-    x, codes = torch.randn(3, 9, 12), torch.randn(5, 6)
+    x = torch.randn(3, 9, 12)
+    codes = torch.randn(3, 5, 6) if per_sample_codes else torch.randn(5, 6)
     states = torch.randn(3, 5, 16) if per_sample_states else torch.randn(5, 16)
     out = read_in(x, states, codes)
     assert out.shape == (3, 5, 16)
@@ -45,3 +49,11 @@ def test_gradcheck_float64():
 def test_bad_heads():
     with pytest.raises(ValueError, match="num_heads"):
         ReadIn(dim=10, input_dim=4, code_dim=2, num_heads=3)
+
+
+def test_bad_inputs_name_the_argument():
+    read_in = ReadIn(dim=8, input_dim=6, code_dim=4)
+    with pytest.raises(ValueError, match="inputs"):
+        read_in(torch.randn(2, 5, 7), torch.randn(3, 8), torch.randn(3, 4))
+    with pytest.raises(ValueError, match="states"):
+        read_in(torch.randn(2, 5, 6), torch.randn(4, 8), torch.randn(3, 4))

@@ -31,11 +31,22 @@ from modnets.nn.modulated import ModFC, ModFFN
 __all__ = ["ReadIn"]
 
 
+def _per_module(m: Tensor) -> Tensor:
+    """A modulation ``(U, d)`` or per-sample ``(B, U, d)`` as ``(B or 1, U, 1, d)``."""
+    return (m[None] if m.dim() == 2 else m)[:, :, None, :]
+
+
 class ReadIn(nn.Module):
     """Read-in attention followed by a ModFFN (NAC eqs. 4-5), all modules at once.
 
-    Shapes: inputs ``(B, N, d_in)``, states ``(U, d)`` or ``(B, U, d)``, codes ``(U, d_code)`` ->
-    new states ``(B, U, d)``.
+    Around eqs. 4-5 we put the pre-LayerNorm residual wiring of Perceiver IO's cross-attention and
+    of the public NAC code (the equations show only the attention and the ModFFN)::
+
+        y  = theta0 + ModFC(attend(LN(x), LN(theta0)), c)
+        theta1 = y + ModFFN(LN(y), c)
+
+    Shapes: inputs ``(B, N, d_in)``, states ``(U, d)`` or ``(B, U, d)``, codes ``(U, d_code)`` or
+    per sample ``(B, U, d_code)`` -> new states ``(B, U, d)``.
     """
 
     def __init__(self, dim: int, input_dim: int, code_dim: int, num_heads: int = 1,
@@ -44,51 +55,66 @@ class ReadIn(nn.Module):
         if num_heads <= 0 or dim % num_heads:
             raise ValueError(f"num_heads must be positive and divide dim={dim}, got {num_heads}")
         self.dim, self.input_dim, self.num_heads = dim, input_dim, num_heads
+        self.norm_inputs = nn.LayerNorm(input_dim)
+        self.norm_states = nn.LayerNorm(dim)
         self.query = ModFC(dim, dim, code_dim, alpha=alpha)
         self.key = ModFC(input_dim, dim, code_dim, alpha=alpha)
         self.value = ModFC(input_dim, dim, code_dim, alpha=alpha)
         self.out = ModFC(dim, dim, code_dim, alpha=alpha)
+        self.norm_ffn = nn.LayerNorm(dim)
         self.ffn = ModFFN(
             dim, dim, code_dim, hidden_features=ffn_hidden, activation=activation, alpha=alpha
         )
 
-    def _queries(self, states: Tensor, codes: Tensor, batch: int) -> Tensor:
-        if states.dim() == 2:
-            states = states.expand(batch, -1, -1)
-        return self.query(states, codes)  # (B, U, d)
+    def _check(self, inputs: Tensor, states: Tensor, codes: Tensor) -> None:
+        if inputs.dim() != 3 or inputs.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"inputs must be (batch, tokens, {self.input_dim}), got {tuple(inputs.shape)}"
+            )
+        if states.shape[-1] != self.dim or states.shape[-2] != codes.shape[-2]:
+            raise ValueError(
+                f"states {tuple(states.shape)} must be (U, {self.dim}) or (batch, U, {self.dim}) "
+                f"with U = codes.shape[-2] = {codes.shape[-2]}"
+            )
 
-    def forward(self, inputs: Tensor, states: Tensor, codes: Tensor) -> Tensor:
-        B, N, _ = inputs.shape
-        U, H = codes.shape[0], self.num_heads
+    def _wrap(self, attend, inputs: Tensor, states: Tensor, codes: Tensor) -> Tensor:
+        self._check(inputs, states, codes)
+        B = inputs.shape[0]
+        states = states.expand(B, -1, -1) if states.dim() == 2 else states
+        q = self.query(self.norm_states(states), codes)  # (B, U, d)
+        y = states + self.out(attend(self.norm_inputs(inputs), q, codes), codes)
+        return y + self.ffn(self.norm_ffn(y), codes)
+
+    def attend(self, x: Tensor, q: Tensor, codes: Tensor) -> Tensor:
+        """Eqs. 4-5's attention without per-module keys/values: ``(B, N, d_in)`` -> ``(B, U, d)``."""
+        B, U, _ = q.shape
+        H = self.num_heads
         dh = self.dim // H
-        q = self._queries(states, codes, B).view(B, U, H, dh)
+        q = q.view(B, U, H, dh)
         Wk = self.key.weight.view(H, dh, self.input_dim)  # head h uses rows h*dh:(h+1)*dh
-        q_tilde = (
-            torch.einsum("buhc,hci->buhi", q, Wk) * self.key.modulation(codes)[None, :, None, :]
-        )
-        logits = torch.einsum("buhi,bni->buhn", q_tilde, inputs)
+        q_tilde = torch.einsum("buhc,hci->buhi", q, Wk) * _per_module(self.key.modulation(codes))
+        logits = torch.einsum("buhi,bni->buhn", q_tilde, x)
         logits = logits + torch.einsum("buhc,hc->buh", q, self.key.bias.view(H, dh))[..., None]
         w = torch.softmax(logits / math.sqrt(dh), dim=-1)  # (B, U, H, N)
-        x_bar = (
-            torch.einsum("buhn,bni->buhi", w, inputs)
-            * self.value.modulation(codes)[None, :, None, :]
-        )
+        x_bar = torch.einsum("buhn,bni->buhi", w, x) * _per_module(self.value.modulation(codes))
         Wv = self.value.weight.view(H, dh, self.input_dim)
-        y_hat = torch.einsum("buhi,hci->buhc", x_bar, Wv) + self.value.bias.view(
-            H, dh
-        )  # rows of w sum to 1
-        y = self.out(y_hat.reshape(B, U, self.dim), codes)
-        return self.ffn(y, codes)
+        y_hat = torch.einsum("buhi,hci->buhc", x_bar, Wv) + self.value.bias.view(H, dh)
+        return y_hat.reshape(B, U, self.dim)  # rows of w sum to 1, so the bias passes through
+
+    def naive_attend(self, x: Tensor, q: Tensor, codes: Tensor) -> Tensor:
+        """Eq. 4 with explicit per-module keys and values ``(B, U, N, d)`` (the test reference)."""
+        B, U, _ = q.shape
+        N, H = x.shape[1], self.num_heads
+        dh = self.dim // H
+        c = codes[..., None, :]  # (U, 1, d_code) or (B, U, 1, d_code) against x (B, 1, N, d_in)
+        k = self.key(x[:, None], c).view(B, U, N, H, dh)
+        v = self.value(x[:, None], c).view(B, U, N, H, dh)
+        w = torch.einsum("buhc,bunhc->buhn", q.view(B, U, H, dh), k) / math.sqrt(dh)
+        return torch.einsum("buhn,bunhc->buhc", torch.softmax(w, -1), v).reshape(B, U, self.dim)
+
+    def forward(self, inputs: Tensor, states: Tensor, codes: Tensor) -> Tensor:
+        return self._wrap(self.attend, inputs, states, codes)
 
     def naive_forward(self, inputs: Tensor, states: Tensor, codes: Tensor) -> Tensor:
-        """Eqs. 4-5 with explicit per-module keys and values ``(B, U, N, d)`` (test reference)."""
-        B, N, _ = inputs.shape
-        U, H = codes.shape[0], self.num_heads
-        dh = self.dim // H
-        q = self._queries(states, codes, B).view(B, U, H, dh)
-        x = inputs[:, None]  # (B, 1, N, d_in) against codes (U, 1, d_code)
-        k = self.key(x, codes[:, None]).view(B, U, N, H, dh)
-        v = self.value(x, codes[:, None]).view(B, U, N, H, dh)
-        w = torch.softmax(torch.einsum("buhc,bunhc->buhn", q, k) / math.sqrt(dh), dim=-1)
-        y_hat = torch.einsum("buhn,bunhc->buhc", w, v).reshape(B, U, self.dim)
-        return self.ffn(self.out(y_hat, codes), codes)
+        """The same block with :meth:`naive_attend` (materialises ``(B, U, N, d)``)."""
+        return self._wrap(self.naive_attend, inputs, states, codes)

@@ -18,8 +18,6 @@ does); ``eval_kernel="threshold"`` uses ``K = [P > 0.5]`` and ``"sample"`` keeps
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -63,6 +61,7 @@ class SKMDPA(nn.Module):
         q ``(B, Uq, d)``, k and v ``(B, Uk, d)``; signatures ``(Uq, d_sig)`` and ``(Uk, d_sig)``
         (or per sample ``(B, U, d_sig)``); optional ``key_mask`` ``(Uk,)`` bool (False = dropped
         module) and ``edge_mask`` ``(Uq, Uk)`` bool (False = dropped edge). Returns ``(B, Uq, d)``.
+        Signatures ``None`` give a dense kernel (plain multi-head attention).
     """
 
     def __init__(
@@ -93,9 +92,21 @@ class SKMDPA(nn.Module):
             return (probs > 0.5).to(probs.dtype)
         return probs
 
-    def log_kernel(self, sig_q, sig_k, key_mask=None, edge_mask=None) -> Tensor:
-        """``log K^`` of eq. 3: ``(..., Uq, Uk)``."""
-        K = self.kernel(link_probabilities(sig_q, sig_k, self.bandwidth))
+    def log_kernel(
+        self, sig_q, sig_k, key_mask=None, edge_mask=None, shape=None, device=None
+    ) -> Tensor:
+        """``log K^`` of eq. 3: ``(..., Uq, Uk)``.
+
+        Without signatures (``sig_q = sig_k = None``) the kernel is dense, ``K = 1`` (of the given
+        ``shape``): ``log K^`` is then constant along each row and the softmax is plain attention,
+        which is how a NAC simulates Perceiver IO (NAC App. B.2).
+        """
+        if sig_q is None and sig_k is None:
+            K = torch.ones(shape, device=device)
+        elif sig_q is None or sig_k is None:
+            raise ValueError("give both signatures (sig_q, sig_k) or neither (a dense kernel)")
+        else:
+            K = self.kernel(link_probabilities(sig_q, sig_k, self.bandwidth))
         if key_mask is not None:
             K = K * key_mask.to(K.dtype)
         if edge_mask is not None:
@@ -115,9 +126,13 @@ class SKMDPA(nn.Module):
         qh = q.view(B, Uq, H, -1).transpose(1, 2)  # (B, H, Uq, dh)
         kh = k.view(B, k.shape[1], H, -1).transpose(1, 2)
         vh = v.view(B, v.shape[1], H, -1).transpose(1, 2)
-        logits = qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1])  # A, (B, H, Uq, Uk)
-        log_k = self.log_kernel(sig_q, sig_k, key_mask, edge_mask)
+        log_k = self.log_kernel(
+            sig_q, sig_k, key_mask, edge_mask, shape=(Uq, k.shape[1]), device=q.device
+        )
+        log_k = log_k.to(qh.dtype)
         if log_k.dim() == 3:  # per-sample signatures
             log_k = log_k[:, None]
-        weights = torch.softmax(logits + log_k, dim=-1)
-        return (weights @ vh).transpose(1, 2).reshape(B, Uq, -1)
+        # softmax(A + log K^) V with A = q.k / sqrt(d_head): the kernel is an additive mask, so the
+        # fused attention kernels apply (no (B, H, Uq, Uk) weights kept for backward on CPU/CUDA).
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=log_k)
+        return out.transpose(1, 2).reshape(B, Uq, -1)

@@ -1,0 +1,508 @@
+"""Neural Attentive Circuits (NAC §2): a circuit generator designs, a circuit executor runs.
+
+A *circuit design* gives each of ``U`` modules a signature ``s_u`` (who talks to whom, eq. 2), a
+code ``c_u`` (what it computes, eq. 1) and an initial state ``theta0_u``. ``U_p`` processor
+modules do the work and ``U_o`` read-out modules produce the output. The executor (§2.1) is
+
+    tokens X --read-in (eqs. 4-5)--> Theta1 --L propagators (SKMDPA + ModFFN)--> Theta(L+1)
+            --read-out (SKMDPA cross-attention + ModFFN, confidence-weighted)--> logits
+
+Every per-module quantity is a row of one tensor, so all modules run in one batched call; a
+processor module is nothing but a row of ``signatures``, ``codes`` (and, with free initial states,
+``states``). That is why :meth:`NeuralAttentiveCircuit.drop_modules` can return a genuinely
+smaller network (App. F).
+
+Choices where the paper is silent (each configurable, each stated in chapter 9):
+
+* pre-LayerNorm residual blocks around every attention and ModFFN, as in Perceiver IO and the
+  public NAC code;
+* one Concrete sample of the kernel per layer and forward pass, shared by the batch and the heads;
+* the read-out modules' confidences are a linear score of their final state, turned into weights by
+  a softmax over the read-out modules;
+* initial states are a 2-layer GELU MLP of the code (§2.2), shared by processor and read-out modules.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from modnets.graphs import GRAPHONS, GraphPriorRegularizer, graphon
+from modnets.nn.modulated import ModFC, ModFFN
+from modnets.nn.read_in import ReadIn
+from modnets.nn.skmdpa import EVAL_KERNELS, SKMDPA, link_probabilities
+
+__all__ = [
+    "NACConfig",
+    "CircuitDesign",
+    "UnconditionalCircuitGenerator",
+    "ConditionalCircuitGenerator",
+    "ModulatedAttention",
+    "Propagator",
+    "ReadOut",
+    "NACOutput",
+    "NeuralAttentiveCircuit",
+]
+
+KERNELS = ("learned", "frozen", "dense")
+GENERATORS = ("unconditional", "conditional")
+INITIAL_STATES = ("codes", "free")
+
+
+@dataclass
+class NACConfig:
+    """Every size and switch of a NAC (defaults: NAC Table 4, Tiny-ImageNet).
+
+    Attributes:
+        input_dim: features of each input token (after the tokenizer).
+        num_outputs: classes (logits per sample).
+        dim: ``d_model``, the module state width.
+        num_layers: ``L`` propagator layers.
+        num_processors: ``U_p``; num_readouts: ``U_o``.
+        num_heads: heads of the propagators' and read-out's SKMDPA; read_in_heads: of the read-in.
+        ffn_hidden, activation: ModFFN hidden width and ``"gelu"`` or ``"geglu"``.
+        sig_dim, code_dim: ``d_sig`` and ``d_code``.
+        temperature, bandwidth, delta: ``tau`` (Concrete), ``epsilon`` (eq. 2), ``delta`` (eq. 3).
+        alpha: ModFC's modulation strength at initialisation (eq. 1); ``learn_alpha=False`` keeps it.
+        eval_kernel: SKMDPA's kernel at evaluation (``"probs"``, ``"threshold"``, ``"sample"``).
+        share_layers: one set of propagator weights for all ``L`` layers (Table 4: no).
+        generator: ``"unconditional"`` (free signatures and codes) or ``"conditional"`` (App. G).
+        condition_dim: features of the conditioning set (default ``input_dim``: the tokens).
+        generator_dim: width of the conditional generator.
+        kernel: ``"learned"`` signatures, ``"frozen"`` (random, not trained: Table 1's "sparse graph
+            (not learnable)") or ``"dense"`` (no kernel: every module sees every module).
+        initial_states: ``"codes"`` (a 2-layer MLP of the code, §2.2) or ``"free"`` parameters
+            (Perceiver IO's latents).
+        prior, prior_params: the graph prior of App. A (a name of :data:`modnets.graphs.GRAPHONS`
+            or ``None``) and its graphon parameters.
+    """
+
+    input_dim: int
+    num_outputs: int
+    dim: int = 384
+    num_layers: int = 8
+    num_processors: int = 320
+    num_readouts: int = 64
+    num_heads: int = 6
+    read_in_heads: int = 1
+    ffn_hidden: int = 1536
+    activation: str = "geglu"
+    sig_dim: int = 64
+    code_dim: int = 384
+    temperature: float = 0.5
+    bandwidth: float = 1.0
+    delta: float = 1e-6
+    alpha: float = 0.1
+    learn_alpha: bool = True
+    eval_kernel: str = "probs"
+    share_layers: bool = False
+    generator: str = "unconditional"
+    condition_dim: int | None = None
+    generator_dim: int = 128
+    kernel: str = "learned"
+    initial_states: str = "codes"
+    prior: str | None = "scale_free"
+    prior_params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("input_dim", "num_outputs", "dim", "num_layers", "num_processors",
+                     "num_readouts", "num_heads", "read_in_heads", "ffn_hidden", "sig_dim",
+                     "code_dim", "generator_dim"):  # fmt: skip
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"NACConfig.{name} must be a positive int, got {v!r}")
+        if self.condition_dim is not None and (
+            not isinstance(self.condition_dim, int) or self.condition_dim <= 0
+        ):
+            raise ValueError(f"NACConfig.condition_dim must be a positive int or None, got {self.condition_dim!r}")  # fmt: skip
+        for name, heads in (("num_heads", self.num_heads), ("read_in_heads", self.read_in_heads)):
+            if self.dim % heads:
+                raise ValueError(f"NACConfig.{name}={heads} must divide dim={self.dim}")
+        for name in ("temperature", "bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"NACConfig.{name} must be positive, got {getattr(self, name)}")
+        choices = {
+            "activation": ("gelu", "geglu"),
+            "eval_kernel": EVAL_KERNELS,
+            "generator": GENERATORS,
+            "kernel": KERNELS,
+            "initial_states": INITIAL_STATES,
+            "prior": (None, *GRAPHONS),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"NACConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
+        if self.generator == "conditional" and self.initial_states == "free":
+            raise ValueError("NACConfig.initial_states='free' needs generator='unconditional'")
+        if self.generator == "conditional" and self.kernel == "frozen":
+            raise ValueError("NACConfig.kernel='frozen' needs generator='unconditional'")
+        if self.num_processors < 2 and self.prior is not None:
+            raise ValueError("NACConfig.prior needs num_processors >= 2")
+
+
+@dataclass
+class CircuitDesign:
+    """Signatures, codes and initial states of the processor (``p``) and read-out (``o``) modules.
+
+    Shapes ``(U, .)`` for an unconditional design or ``(B, U, .)`` per sample; signatures are
+    ``None`` for a dense kernel.
+    """
+
+    signatures: Tensor | None
+    codes: Tensor
+    states: Tensor
+    out_signatures: Tensor | None
+    out_codes: Tensor
+    out_states: Tensor
+
+
+class _CodeToState(nn.Module):
+    """The initial state of a module from its code: a 2-layer GELU MLP (NAC §2.2)."""
+
+    def __init__(self, code_dim: int, dim: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(code_dim, dim), nn.GELU(), nn.Linear(dim, dim))
+
+    def forward(self, codes: Tensor) -> Tensor:
+        return self.net(codes)
+
+
+class UnconditionalCircuitGenerator(nn.Module):
+    """Free signatures and codes (NAC §2.2), initial states from the codes (or free)."""
+
+    def __init__(self, config: NACConfig):
+        super().__init__()
+        c = config
+        learn_sigs = c.kernel == "learned"
+        if c.kernel == "dense":
+            self.signatures = self.out_signatures = None
+        else:
+            self.signatures = nn.Parameter(torch.randn(c.num_processors, c.sig_dim), learn_sigs)
+            self.out_signatures = nn.Parameter(torch.randn(c.num_readouts, c.sig_dim), learn_sigs)
+        self.codes = nn.Parameter(torch.randn(c.num_processors, c.code_dim))
+        self.out_codes = nn.Parameter(torch.randn(c.num_readouts, c.code_dim))
+        if c.initial_states == "free":
+            self.states = nn.Parameter(0.02 * torch.randn(c.num_processors, c.dim))
+            self.out_states = nn.Parameter(0.02 * torch.randn(c.num_readouts, c.dim))
+            self.to_state = None
+        else:
+            self.to_state = _CodeToState(c.code_dim, c.dim)
+
+    def forward(self, condition: Tensor | None = None) -> CircuitDesign:
+        if self.to_state is None:
+            states, out_states = self.states, self.out_states
+        else:
+            states, out_states = self.to_state(self.codes), self.to_state(self.out_codes)
+        return CircuitDesign(
+            self.signatures, self.codes, states, self.out_signatures, self.out_codes, out_states
+        )
+
+
+class ConditionalCircuitGenerator(nn.Module):
+    """Per-sample signatures and codes from a conditioning set (NAC §2.2, App. G).
+
+    Learned queries (one per module) cross-attend to the conditioning set, then an FFN, a
+    self-attention among the modules, and two FFNs in parallel give signatures and codes.
+
+    Shapes: condition ``(B, M, condition_dim)`` -> a design with ``(B, U, .)`` fields.
+    """
+
+    def __init__(self, config: NACConfig):
+        super().__init__()
+        c = config
+        d, heads = c.generator_dim, 4 if c.generator_dim % 4 == 0 else 1
+        self.num_processors = c.num_processors
+        self.dense = c.kernel == "dense"
+        self.queries = nn.Parameter(0.02 * torch.randn(c.num_processors + c.num_readouts, d))
+        self.cond_proj = nn.Linear(c.condition_dim or c.input_dim, d)
+        self.cross = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ffn = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.self_attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.to_signature = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.sig_dim))
+        self.to_code = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.code_dim))
+        self.to_state = _CodeToState(c.code_dim, c.dim)
+
+    def forward(self, condition: Tensor | None = None) -> CircuitDesign:
+        if condition is None or condition.dim() != 3:
+            raise ValueError("the conditional generator needs condition of shape (B, M, features)")
+        kv = self.cond_proj(condition)
+        q = self.queries.expand(condition.shape[0], -1, -1)
+        h = q + self.cross(self.norm1(q), kv, kv, need_weights=False)[0]
+        h = h + self.ffn(self.norm2(h))
+        g = self.norm3(h)
+        h = h + self.self_attn(g, g, g, need_weights=False)[0]
+        sigs, codes = self.to_signature(h), self.to_code(h)
+        states = self.to_state(codes)
+        P = self.num_processors
+        return CircuitDesign(
+            None if self.dense else sigs[:, :P], codes[:, :P], states[:, :P],
+            None if self.dense else sigs[:, P:], codes[:, P:], states[:, P:],
+        )  # fmt: skip
+
+
+class ModulatedAttention(nn.Module):
+    """SKMDPA with ModFC projections, each conditioned on its own module's code (NAC §2).
+
+    ``q_i = ModFC(x_i; c_i)``, ``k_j = ModFC(y_j; c_j)``, ``v_j = ModFC(y_j; c_j)``, then eq. 3,
+    then an output ModFC with the query module's code.
+
+    Shapes: queries ``(B, Uq, d)`` with codes ``(Uq or B x Uq, d_code)`` and signatures; keys and
+    values ``(B, Uk, d)`` likewise -> ``(B, Uq, d)``.
+    """
+
+    def __init__(self, config: NACConfig):
+        super().__init__()
+        c = config
+        self.query = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
+        self.key = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
+        self.value = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
+        self.out = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
+        self.attention = SKMDPA(c.num_heads, c.bandwidth, c.temperature, c.delta, c.eval_kernel)
+
+    def forward(self, x, codes, sigs, y, y_codes, y_sigs, key_mask=None, edge_mask=None):
+        q = self.query(x, codes)
+        k, v = self.key(y, y_codes), self.value(y, y_codes)
+        return self.out(self.attention(q, k, v, sigs, y_sigs, key_mask, edge_mask), codes)
+
+
+class Propagator(nn.Module):
+    """One propagator layer (NAC §2.1): a round of SKMDPA among the processor modules, then
+    ``U_p`` copies of a ModFFN, each conditioned on its module's code.
+
+    Shapes: states ``(B, U_p, d)`` -> ``(B, U_p, d)``.
+    """
+
+    def __init__(self, config: NACConfig):
+        super().__init__()
+        c = config
+        self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
+        self.attn = ModulatedAttention(c)
+        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+
+    def forward(self, states, codes, sigs, key_mask=None, edge_mask=None) -> Tensor:
+        h = self.norm_attn(states)
+        states = states + self.attn(h, codes, sigs, h, codes, sigs, key_mask, edge_mask)
+        return states + self.ffn(self.norm_ffn(states), codes)
+
+
+class ReadOut(nn.Module):
+    """Read-out (NAC §2.1): the read-out modules cross-attend (SKMDPA) to the final processor
+    states, apply a ModFFN, and each emits logits and a confidence; the output is the sum of
+    their logits weighted by ``softmax_o(confidence_o)``.
+
+    Shapes: processor states ``(B, U_p, d)``, read-out states ``(U_o, d)`` or ``(B, U_o, d)`` ->
+    logits ``(B, num_outputs)`` and weights ``(B, U_o)``.
+    """
+
+    def __init__(self, config: NACConfig):
+        super().__init__()
+        c = config
+        self.norm_q, self.norm_kv = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
+        self.attn = ModulatedAttention(c)
+        self.norm_ffn = nn.LayerNorm(c.dim)
+        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+        self.norm_out = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, c.num_outputs)
+        self.confidence = nn.Linear(c.dim, 1)
+
+    def forward(self, proc_states, design: CircuitDesign, key_mask=None) -> tuple[Tensor, Tensor]:
+        B = proc_states.shape[0]
+        y = design.out_states
+        y = y.expand(B, -1, -1) if y.dim() == 2 else y
+        kv = self.norm_kv(proc_states)
+        y = y + self.attn(self.norm_q(y), design.out_codes, design.out_signatures,
+                          kv, design.codes, design.signatures, key_mask)  # fmt: skip
+        y = y + self.ffn(self.norm_ffn(y), design.out_codes)
+        y = self.norm_out(y)
+        weights = torch.softmax(self.confidence(y).squeeze(-1), dim=-1)  # (B, U_o)
+        return torch.einsum("bo,boc->bc", weights, self.head(y)), weights
+
+
+@dataclass
+class NACOutput:
+    """``logits (B, C)``, read-out ``confidences (B, U_o)`` and the design that produced them."""
+
+    logits: Tensor
+    confidences: Tensor
+    design: CircuitDesign
+
+
+class NeuralAttentiveCircuit(nn.Module):
+    """A Neural Attentive Circuit (NAC §2): generator + read-in + ``L`` propagators + read-out.
+
+    Args:
+        config: a :class:`NACConfig`.
+        tokenizer: optional module mapping raw inputs to tokens ``(B, N, input_dim)``.
+
+    Shapes: ``x`` -> tokens ``(B, N, input_dim)`` -> logits ``(B, num_outputs)``.
+    ``processor_mask`` ``(U_p,)`` bool drops processor modules by masking (False = dropped).
+    """
+
+    def __init__(self, config: NACConfig, tokenizer: nn.Module | None = None):
+        super().__init__()
+        if not isinstance(config, NACConfig):
+            raise TypeError(f"config must be a NACConfig, got {type(config).__name__}")
+        c = self.config = config
+        self.tokenizer = tokenizer
+        self.generator = (
+            UnconditionalCircuitGenerator(c)
+            if c.generator == "unconditional"
+            else ConditionalCircuitGenerator(c)
+        )
+        self.read_in = ReadIn(c.dim, c.input_dim, c.code_dim, c.read_in_heads, c.ffn_hidden,
+                              c.activation, c.alpha)  # fmt: skip
+        if c.share_layers:
+            shared = Propagator(c)
+            self.propagators = nn.ModuleList([shared] * c.num_layers)
+        else:
+            self.propagators = nn.ModuleList(Propagator(c) for _ in range(c.num_layers))
+        self.read_out = ReadOut(c)
+        self.register_buffer("edge_mask", None)
+        self.graph_prior = None
+        if c.prior is not None and c.generator == "unconditional" and c.kernel == "learned":
+            prior = graphon(c.prior, c.num_processors, **c.prior_params)
+            self.graph_prior = GraphPriorRegularizer(prior)
+        if not c.learn_alpha:
+            for m in self.modules():
+                if isinstance(m, ModFC):
+                    m.alpha.requires_grad_(False)
+
+    # -- the circuit ------------------------------------------------------------------------------
+    def tokens(self, x: Tensor) -> Tensor:
+        t = self.tokenizer(x) if self.tokenizer is not None else x
+        if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != self.config.input_dim:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(
+                f"x must give tokens of shape (batch, tokens, input_dim={self.config.input_dim}), "
+                f"got {shape}"
+            )
+        return t
+
+    def design(self, tokens: Tensor | None = None, condition: Tensor | None = None):
+        """The circuit design (for a conditional NAC, of this batch)."""
+        if self.config.generator == "conditional":
+            return self.generator(condition if condition is not None else tokens)
+        return self.generator()
+
+    def link_probabilities(self, design: CircuitDesign | None = None) -> Tensor:
+        """``P`` among the processor modules (eq. 2): ``(U_p, U_p)`` or per sample."""
+        design = design if design is not None else self.design()
+        if design.signatures is None:
+            raise ValueError("a dense-kernel NAC (kernel='dense') has no link probabilities")
+        s = design.signatures
+        return link_probabilities(s, s, self.config.bandwidth)
+
+    def forward(self, x: Tensor, condition: Tensor | None = None,
+                processor_mask: Tensor | None = None, return_details: bool = False):  # fmt: skip
+        tokens = self.tokens(x)
+        design = self.design(tokens, condition)
+        if processor_mask is not None:
+            processor_mask = self._check_mask(processor_mask)
+        states = self.read_in(tokens, design.states, design.codes)
+        for layer in self.propagators:
+            states = layer(states, design.codes, design.signatures, processor_mask, self.edge_mask)
+        logits, confidences = self.read_out(states, design, processor_mask)
+        return NACOutput(logits, confidences, design) if return_details else logits
+
+    def _check_mask(self, mask: Tensor) -> Tensor:
+        U = self.config.num_processors
+        if mask.shape != (U,) or mask.dtype != torch.bool:
+            raise ValueError(f"processor_mask must be a bool tensor of shape ({U},), got "
+                             f"{mask.dtype} {tuple(mask.shape)}")  # fmt: skip
+        if not mask.any():
+            raise ValueError("processor_mask drops every processor module; keep at least one")
+        return mask
+
+    # -- the graph prior (App. A) -----------------------------------------------------------------
+    def graph_loss(self) -> Tensor:
+        """Eq. 6 on the processor modules' link probabilities (0 without a prior)."""
+        if self.graph_prior is None:
+            return torch.zeros((), device=self.read_out.head.weight.device)
+        return self.graph_prior(self.link_probabilities())
+
+    # -- pruning (App. F) -------------------------------------------------------------------------
+    def module_importance(self) -> Tensor:
+        """``q_i = sum_j P_ij`` (App. F, eq. 10): ``(U_p,)``."""
+        if self.config.generator != "unconditional":
+            raise ValueError("module importance needs generator='unconditional' (a fixed circuit)")
+        with torch.no_grad():
+            return self.link_probabilities().sum(-1)
+
+    def drop_order(self) -> Tensor:
+        """Processor module indices, least connected (smallest ``q_i``) first."""
+        return torch.argsort(self.module_importance(), stable=True)
+
+    def keep_mask(self, n: int) -> Tensor:
+        """The ``processor_mask`` that drops the ``n`` least connected processor modules."""
+        U = self.config.num_processors
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < U:
+            raise ValueError(f"n must be an int in [0, {U - 1}], got {n!r}")
+        order = self.drop_order()
+        mask = torch.ones(U, dtype=torch.bool, device=order.device)
+        mask[order[:n]] = False
+        return mask
+
+    def drop_modules(self, n: int) -> NeuralAttentiveCircuit:
+        """A copy without the ``n`` least connected processor modules (App. F).
+
+        The copy's per-module tensors have ``U_p - n`` rows, so every attention, ModFC and ModFFN
+        over processor modules really shrinks. It computes what ``processor_mask=keep_mask(n)``
+        computes in this model.
+        """
+        keep = torch.nonzero(self.keep_mask(n)).squeeze(-1)
+        new = copy.deepcopy(self)
+        new.config = dataclasses.replace(self.config, num_processors=len(keep), prior=None)
+        g = new.generator
+        with torch.no_grad():
+            for name in ("signatures", "codes", "states"):
+                p = getattr(g, name, None)
+                if isinstance(p, nn.Parameter):
+                    setattr(g, name, nn.Parameter(p[keep].clone(), p.requires_grad))
+        new.graph_prior = None
+        if self.edge_mask is not None:
+            new.edge_mask = self.edge_mask[keep][:, keep].clone()
+        return new
+
+    def eliminate_edges(self, fraction: float) -> NeuralAttentiveCircuit:
+        """A copy with the smallest ``fraction`` of off-diagonal ``P_ij`` set to 0 (App. F, Fig. 10).
+
+        Pairs are removed symmetrically (``P`` is symmetric), the diagonal is kept.
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        with torch.no_grad():
+            P = self.link_probabilities()
+        U = P.shape[0]
+        iu = torch.triu_indices(U, U, offset=1, device=P.device)
+        order = torch.argsort(P[iu[0], iu[1]], stable=True)
+        cut = order[: round(fraction * order.numel())]
+        mask = torch.ones(U, U, dtype=torch.bool, device=P.device)
+        mask[iu[0, cut], iu[1, cut]] = False
+        mask[iu[1, cut], iu[0, cut]] = False
+        if self.edge_mask is not None:
+            mask &= self.edge_mask
+        new = copy.deepcopy(self)
+        new.edge_mask = mask
+        return new
+
+    def parameter_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: no weight decay on parameters with ``dim <= 1``, codes or signatures
+        (NAC App. C)."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            free = leaf in ("signatures", "out_signatures", "codes", "out_codes", "queries")
+            (no_decay if p.dim() <= 1 or free else decay).append(p)
+        return [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
