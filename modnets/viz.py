@@ -1,4 +1,4 @@
-"""Pictures of routing: computational paths through function iterations (NI Fig. 3)."""
+"""Pictures: NI routing through function iterations (NI Fig. 3) and NAC circuits (NAC Fig. 8)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import networkx as nx
 from torch import Tensor
 
-__all__ = ["routing_graph", "draw_routing"]
+__all__ = ["routing_graph", "draw_routing", "draw_circuit"]
 
 
 def routing_graph(compat: Tensor, token: int | None = None, min_weight: float = 1e-3) -> nx.DiGraph:
@@ -92,3 +92,28 @@ def draw_routing(
     if title:
         ax.set_title(title)
     return ax
+
+
+def draw_circuit(P: Tensor, ax=None, threshold: float = 0.5, num_hubs: int = 5, seed: int = 0,
+                 node_size: float = 40.0):  # fmt: skip
+    """Draw a NAC circuit like NAC Fig. 8: an edge where ``P_ij > threshold``, node area by the
+    module importance ``q_i = sum_j P_ij`` (App. F) and the ``num_hubs`` most connected modules
+    in red. Returns the networkx graph.
+    """
+    import matplotlib.pyplot as plt
+
+    from modnets.graphs import to_networkx
+
+    if P.dim() != 2 or P.shape[0] != P.shape[1]:
+        raise ValueError(f"P must be a square (U, U) matrix, got {tuple(P.shape)}")
+    ax = ax if ax is not None else plt.gca()
+    G = to_networkx(P, threshold)
+    q = P.detach().float().sum(-1).cpu()
+    hubs = set(q.argsort(descending=True)[:num_hubs].tolist())
+    pos = nx.spring_layout(G, seed=seed)
+    sizes = (node_size * q / q.mean()).tolist()
+    colors = ["tab:red" if u in hubs else "tab:blue" for u in G.nodes]
+    nx.draw_networkx_edges(G, pos, ax=ax, alpha=0.25, width=0.6)
+    nx.draw_networkx_nodes(G, pos, ax=ax, node_size=sizes, node_color=colors, linewidths=0)
+    ax.set_axis_off()
+    return G

@@ -1,0 +1,624 @@
+"""Tiny-ImageNet-200 {cite}`le2015tinyimagenet`: a loader, a decoded-array cache and GPU-friendly
+batch augmentation (kornia).
+
+No torchvision: PIL reads the original folder layout below the data root
+(:func:`modnets.data.data_root`)::
+
+    TinyImageNet/tiny-imagenet-200/wnids.txt                         200 wnids (this order = labels)
+    TinyImageNet/tiny-imagenet-200/words.txt                         wnid -> "name, synonym, ..."
+    TinyImageNet/tiny-imagenet-200/train/<wnid>/images/<wnid>_<i>.JPEG
+    TinyImageNet/tiny-imagenet-200/val/images/val_<k>.JPEG
+    TinyImageNet/tiny-imagenet-200/val/val_annotations.txt           "val_<k>.JPEG <wnid> x0 y0 x1 y1"
+
+The unlabeled test split is not read. The subset kept in ``shared/data`` (see its README) has the
+complete val split (50 images per class), all 500 train images for the first 20 wnids of
+``wnids.txt`` and 100 (``_0 .. _99``) for the other 180, so ``classes=20`` gives a 20-class task with
+10,000 train and 1,000 val images. The loader reads whatever images are present; nothing requires
+500 per class.
+
+Labels follow the order of ``classes``: ``None`` is all wnids in ``wnids.txt`` order, an int ``n``
+the first ``n`` of them, a list of wnids that list; labels are ``0 .. n-1`` in that order (not the
+sorted-wnid order of ``ImageFolder``). Train images come grouped by class, each class in the order
+of the integer ``<i>`` in the file names; val images in the order of ``<k>``. ``max_per_class``
+keeps the lowest indices. Greyscale JPEGs (about 2% of the files) are converted to RGB.
+
+**Cache.** Decoding 10,000 JPEGs takes a second or two; the decoded arrays are therefore saved as
+one uncompressed ``.npz`` per (data folder, split, class list, ``max_per_class``) in
+``$MODNETS_CACHE/tiny_imagenet_cache/`` (default ``~/.cache/modnets/tiny_imagenet_cache/``), never
+inside the data root, which may be read-only. The cache key also hashes the name, size and mtime of
+every image file and text file read, so changed data is never served stale. Cache files are written
+atomically (temporary file + :func:`os.replace`); when the cache folder cannot be written, loading
+goes on without a cache; an unreadable cache file is ignored and rebuilt. Delete the folder to free
+the space.
+
+**Downloads.** When the folder is missing and ``download=True``, the official archive
+``http://cs231n.stanford.edu/tiny-imagenet-200.zip`` (248 MB) is downloaded into
+``<root>/TinyImageNet/``, its md5 checked, unpacked into a temporary folder that is then renamed into
+place (the zip is deleted afterwards; a partial download is deleted on failure). Without internet
+access a :class:`~modnets.data.DatasetNotFoundError` names the missing path and how to provide the
+data. A half-present folder is never overwritten: the error asks to remove or complete it.
+
+Errors: a bad ``split``, ``classes`` or ``max_per_class`` raises :class:`ValueError` naming the
+argument; a requested class without train images, or an image listed in ``val_annotations.txt`` but
+absent, raises :class:`~modnets.data.DatasetNotFoundError`; an undecodable or non-64x64 JPEG or a
+malformed text file raises :class:`~modnets.data.DatasetCorruptedError` naming the file. With
+``verify=True`` every file read is also checked against ``TinyImageNet/MD5SUMS`` (``md5sum`` format,
+paths relative to ``TinyImageNet/``) when that file exists, as it does in ``shared/data``.
+
+Augmentation: :class:`TinyImageNetAugment` (and the functional :func:`train_augment`) takes
+``uint8`` or ``[0, 1]`` float batches ``(B, 3, H, W)`` on any device and applies random resized
+crops, horizontal flips, RandAugment (``gpu`` profile), ImageNet normalisation and optional
+MixUp/CutMix with soft targets, all batch-wise with kornia. :func:`normalize` is the evaluation
+transform.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from modnets.data import DatasetCorruptedError, DatasetNotFoundError, data_root
+from modnets.data.digits import _download, _root, md5sum
+
+__all__ = [
+    "TinyImageNet",
+    "load_tiny_imagenet",
+    "tiny_imagenet_dir",
+    "read_wnids",
+    "read_class_names",
+    "cache_dir",
+    "normalize",
+    "denormalize",
+    "TinyImageNetAugment",
+    "train_augment",
+    "SPLITS",
+    "IMAGE_SIZE",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "AUGMENT_PROFILES",
+    "TINY_IMAGENET_URL",
+    "TINY_IMAGENET_MD5",
+    "CACHE_ENV_VAR",
+]
+
+SPLITS = ("train", "val")
+IMAGE_SIZE = 64
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
+CACHE_ENV_VAR = "MODNETS_CACHE"
+DOWNLOAD_TIMEOUT = 10.0  # seconds per socket operation: fail fast without internet
+_FOLDER = "tiny-imagenet-200"
+_CACHE_VERSION = 1
+_JPEG_SUFFIXES = (".jpeg", ".jpg")
+
+
+# ----------------------------------------------------------------------------- paths and text files
+
+
+def tiny_imagenet_dir(root: str | os.PathLike | None = None) -> Path:
+    """``<root>/TinyImageNet/tiny-imagenet-200`` (``root`` defaults to :func:`data_root`)."""
+    return _root(root) / "TinyImageNet" / _FOLDER
+
+
+def cache_dir() -> Path:
+    """Where decoded arrays are cached: ``$MODNETS_CACHE/tiny_imagenet_cache`` or
+    ``~/.cache/modnets/tiny_imagenet_cache`` (not created here)."""
+    env = os.environ.get(CACHE_ENV_VAR, "").strip()
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "modnets"
+    return base / "tiny_imagenet_cache"
+
+
+def read_wnids(folder: str | os.PathLike) -> list[str]:
+    """The wnids of ``<folder>/wnids.txt`` in file order (``folder`` is the tiny-imagenet-200 dir)."""
+    path = Path(folder) / "wnids.txt"
+    wnids = path.read_text().split()
+    if not wnids or len(set(wnids)) != len(wnids):
+        raise DatasetCorruptedError(f"{path} is empty or lists a wnid twice")
+    return wnids
+
+
+def read_class_names(folder: str | os.PathLike, wnids: Sequence[str]) -> list[str]:
+    """The first name in ``words.txt`` (before the first comma) of each wnid; the wnid if absent."""
+    path = Path(folder) / "words.txt"
+    wanted, names = set(wnids), {}
+    for line in path.read_text().splitlines():
+        wnid, _, words = line.partition("\t")
+        if wnid in wanted:
+            names[wnid] = words.split(",")[0].strip() or wnid
+    return [names.get(w, w) for w in wnids]
+
+
+# ----------------------------------------------------------------------------- download
+
+
+def _how(folder: Path) -> str:
+    return (
+        f"Download {TINY_IMAGENET_URL} (md5 {TINY_IMAGENET_MD5}) and unzip it so that {folder} "
+        f"holds wnids.txt, words.txt, train/ and val/, or point MODNETS_DATA at a folder that holds "
+        f"TinyImageNet/{_FOLDER}/ (the data root now is {data_root()})."
+    )
+
+
+def _required(folder: Path, split: str) -> list[Path]:
+    return [folder / "wnids.txt", folder / "words.txt", folder / split]
+
+
+def _ensure(folder: Path, split: str, download: bool) -> None:
+    missing = [p for p in _required(folder, split) if not p.exists()]
+    if not missing:
+        return
+    listing = "\n".join(f"  {p}" for p in missing)
+    if folder.exists() and any(folder.iterdir()):
+        raise DatasetNotFoundError(
+            f"Tiny-ImageNet: {folder} is incomplete; missing\n{listing}\nComplete it, or remove it "
+            f"to have it downloaded again. {_how(folder)}"
+        )
+    if not download:
+        raise DatasetNotFoundError(f"Tiny-ImageNet: missing\n{listing}\n{_how(folder)}")
+    base = folder.parent
+    archive = base / f"{_FOLDER}.zip"
+    try:
+        if not (archive.exists() and md5sum(archive) == TINY_IMAGENET_MD5):
+            _download(TINY_IMAGENET_URL, archive, (TINY_IMAGENET_MD5,), timeout=DOWNLOAD_TIMEOUT)
+        _extract(archive, folder)
+    except (urllib.error.URLError, TimeoutError, OSError, zipfile.BadZipFile) as err:
+        raise DatasetNotFoundError(
+            f"Tiny-ImageNet: missing\n{listing}\nDownloading failed ({err}).\n{_how(folder)}"
+        ) from None
+    archive.unlink(missing_ok=True)
+
+
+def _extract(archive: Path, folder: Path) -> None:
+    """Unpack ``archive`` (holding ``tiny-imagenet-200/``) into a temporary folder, then rename."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_FOLDER}.", dir=folder.parent))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tmp)  # zipfile drops absolute paths and ".." components
+        unpacked = tmp / _FOLDER
+        if not (unpacked / "wnids.txt").exists():
+            raise DatasetCorruptedError(f"{archive} does not hold {_FOLDER}/wnids.txt")
+        if folder.exists():
+            folder.rmdir()  # only an empty folder gets here (see _ensure)
+        os.replace(unpacked, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- selecting files
+
+
+def _check_args(split: str, max_per_class: int | None) -> None:
+    if split not in SPLITS:
+        raise ValueError(
+            f"split must be one of {SPLITS} (the test split has no labels), got {split!r}"
+        )
+    if max_per_class is not None and (
+        isinstance(max_per_class, bool) or not isinstance(max_per_class, int) or max_per_class < 1
+    ):
+        raise ValueError(f"max_per_class must be None or a positive int, got {max_per_class!r}")
+
+
+def _select_classes(classes, all_wnids: list[str]) -> list[str]:
+    n_all = len(all_wnids)
+    if classes is None:
+        return list(all_wnids)
+    if isinstance(classes, (int, np.integer)) and not isinstance(classes, bool):
+        if not 1 <= classes <= n_all:
+            raise ValueError(
+                f"classes={classes} must be between 1 and {n_all} (wnids.txt has {n_all})"
+            )
+        return list(all_wnids[: int(classes)])
+    if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence):
+        raise ValueError(
+            f"classes must be None, an int or a list of wnids, got {type(classes).__name__} "
+            f"{classes!r}"
+        )
+    wnids = [str(c) for c in classes]
+    if not wnids:
+        raise ValueError("classes is an empty list")
+    if len(set(wnids)) != len(wnids):
+        raise ValueError(f"classes lists a wnid twice: {wnids}")
+    known = set(all_wnids)
+    unknown = [w for w in wnids if w not in known]
+    if unknown:
+        raise ValueError(f"classes: wnid(s) {unknown} are not in wnids.txt")
+    return wnids
+
+
+def _index(name: str) -> tuple[int, int | str]:
+    """Sort key: the integer after the last ``_`` of ``<prefix>_<i>.JPEG``; other names last."""
+    tail = name.rsplit(".", 1)[0].rsplit("_", 1)[-1]
+    return (0, int(tail)) if tail.isdigit() else (1, name)
+
+
+def _train_files(folder: Path, wnids: list[str], max_per_class: int | None):
+    files, labels = [], []
+    for label, wnid in enumerate(wnids):
+        images = folder / "train" / wnid / "images"
+        try:
+            names = [n for n in os.listdir(images) if n.lower().endswith(_JPEG_SUFFIXES)]
+        except FileNotFoundError:
+            names = []
+        if not names:
+            raise DatasetNotFoundError(
+                f"Tiny-ImageNet: class {wnid} has no train images: {images} is missing or holds no "
+                f"JPEG. {_how(folder)}"
+            )
+        names = sorted(names, key=_index)[:max_per_class]
+        files += [images / n for n in names]
+        labels += [label] * len(names)
+    return files, labels, []
+
+
+def _val_files(folder: Path, wnids: list[str], max_per_class: int | None, all_wnids: set[str]):
+    ann = folder / "val" / "val_annotations.txt"
+    if not ann.exists():
+        raise DatasetNotFoundError(f"Tiny-ImageNet: missing {ann}. {_how(folder)}")
+    label_of = {w: i for i, w in enumerate(wnids)}
+    rows = []
+    for lineno, line in enumerate(ann.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) < 2:
+            raise DatasetCorruptedError(
+                f"{ann}:{lineno}: expected '<file> <wnid> ...', got {line!r}"
+            )
+        if parts[1] not in all_wnids:
+            raise DatasetCorruptedError(f"{ann}:{lineno}: wnid {parts[1]} is not in wnids.txt")
+        if parts[1] in label_of:
+            rows.append((_index(parts[0]), parts[0], label_of[parts[1]]))
+    rows.sort()
+    files, labels, count = [], [], [0] * len(wnids)
+    for _, name, label in rows:
+        if max_per_class is not None and count[label] >= max_per_class:
+            continue
+        count[label] += 1
+        files.append(folder / "val" / "images" / name)
+        labels.append(label)
+    return files, labels, [ann]
+
+
+# ----------------------------------------------------------------------------- decoding and cache
+
+
+def _decode(path: Path) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            rgb = np.asarray(img.convert("RGB"))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(
+            f"Tiny-ImageNet: {path} is missing (it is listed in val_annotations.txt)"
+        ) from None
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+        raise DatasetCorruptedError(
+            f"{path} cannot be decoded as a JPEG ({err}); the file is truncated or corrupted"
+        ) from None
+    if rgb.shape != (IMAGE_SIZE, IMAGE_SIZE, 3):
+        raise DatasetCorruptedError(
+            f"{path} is {rgb.shape[1]}x{rgb.shape[0]}, expected {IMAGE_SIZE}x{IMAGE_SIZE}"
+        )
+    return rgb.transpose(2, 0, 1)
+
+
+def _decode_all(files: list[Path], num_workers: int) -> np.ndarray:
+    out = np.empty((len(files), 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
+
+    def one(i: int) -> None:
+        out[i] = _decode(files[i])
+
+    if num_workers > 0 and len(files) > 1:
+        with ThreadPoolExecutor(num_workers) as pool:
+            list(pool.map(one, range(len(files)), chunksize=64))
+    else:
+        for i in range(len(files)):
+            one(i)
+    return out
+
+
+def _cache_file(folder: Path, split: str, wnids: list[str], max_per_class, files, extra) -> Path:
+    h = hashlib.sha1()
+    h.update(
+        json.dumps(
+            [_CACHE_VERSION, str(folder.resolve()), split, wnids, max_per_class], sort_keys=True
+        ).encode()
+    )
+    for path in [*extra, *files]:
+        st = os.stat(path)
+        h.update(f"\n{path.relative_to(folder)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
+    cap = "all" if max_per_class is None else str(max_per_class)
+    return cache_dir() / f"{split}-{len(wnids)}cls-{cap}-{h.hexdigest()[:20]}.npz"
+
+
+def _read_cache(path: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        with np.load(path) as z:
+            images, labels = z["images"], z["labels"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if images.shape != (n, 3, IMAGE_SIZE, IMAGE_SIZE) or images.dtype != np.uint8:
+        return None
+    if labels.shape != (n,) or labels.dtype != np.int64:
+        return None
+    return images, labels
+
+
+def _write_cache(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
+    """Write atomically; give up silently where the cache folder cannot be written."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            return
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, images=images, labels=labels)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _md5_check(folder: Path, paths: list[Path]) -> None:
+    sums = folder.parent / "MD5SUMS"
+    if not sums.exists():
+        return
+    known = {}
+    for line in sums.read_text().splitlines():
+        md5, _, rel = line.strip().partition("  ")
+        if rel:
+            known[rel.lstrip("*")] = md5
+    for path in paths:
+        rel = path.relative_to(folder.parent).as_posix()
+        if rel in known and md5sum(path) != known[rel]:
+            raise DatasetCorruptedError(
+                f"{path} has md5 {md5sum(path)}, not {known[rel]} as {sums} says; the file is "
+                "corrupted or was changed"
+            )
+
+
+# ----------------------------------------------------------------------------- loader
+
+
+@dataclass(frozen=True)
+class TinyImageNet:
+    """One split: ``images`` uint8 ``(N, 3, 64, 64)``, ``labels`` int64 ``(N,)`` in ``0..n-1``,
+    and per label its ``class_names`` (``words.txt``) and ``wnids``.
+
+    Unpacks as ``images, labels, class_names = load_tiny_imagenet(...)``.
+    """
+
+    images: Tensor
+    labels: Tensor
+    class_names: list[str]
+    wnids: list[str]
+
+    def __iter__(self):
+        return iter((self.images, self.labels, self.class_names))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.wnids)
+
+
+def load_tiny_imagenet(
+    split: str = "train",
+    classes: int | Sequence[str] | None = None,
+    root: str | os.PathLike | None = None,
+    download: bool = True,
+    max_per_class: int | None = None,
+    verify: bool = False,
+    cache: bool = True,
+    num_workers: int = 0,
+) -> TinyImageNet:
+    """Tiny-ImageNet-200 images of ``split`` (``"train"`` or ``"val"``) for ``classes``.
+
+    ``classes``: ``None`` (all, ``wnids.txt`` order), an int ``n`` (the first ``n`` wnids) or a
+    list of wnids; labels are ``0..n-1`` in that order. ``max_per_class`` keeps the lowest-indexed
+    images of each class. ``cache=False`` neither reads nor writes the decoded-array cache.
+    ``num_workers > 0`` decodes in a thread pool (on two CPU cores the plain loop was faster).
+    ``verify`` checks md5s against ``TinyImageNet/MD5SUMS`` when present. See the module docstring.
+    """
+    _check_args(split, max_per_class)
+    folder = tiny_imagenet_dir(root)
+    _ensure(folder, split, download)
+    try:
+        all_wnids = read_wnids(folder)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"Tiny-ImageNet: missing {folder / 'wnids.txt'}") from None
+    wnids = _select_classes(classes, all_wnids)
+    if split == "val":
+        files, labels, extra = _val_files(folder, wnids, max_per_class, set(all_wnids))
+    else:
+        files, labels, extra = _train_files(folder, wnids, max_per_class)
+    extra = [folder / "wnids.txt", folder / "words.txt", *extra]
+    if verify:
+        _md5_check(folder, [*extra, *files])
+    labels_arr = np.asarray(labels, dtype=np.int64)
+
+    cached, path = None, None
+    if cache:
+        try:
+            path = _cache_file(folder, split, wnids, max_per_class, files, extra)
+        except FileNotFoundError:
+            path = None  # a listed val image is missing: _decode_all names it below
+        if path is not None and path.exists():
+            cached = _read_cache(path, len(files))
+    if cached is not None and np.array_equal(cached[1], labels_arr):
+        images = cached[0]
+    else:
+        images = _decode_all(files, num_workers)
+        if path is not None:
+            _write_cache(path, images, labels_arr)
+    return TinyImageNet(
+        images=torch.from_numpy(images),
+        labels=torch.from_numpy(labels_arr),
+        class_names=read_class_names(folder, wnids),
+        wnids=wnids,
+    )
+
+
+# ----------------------------------------------------------------------------- augmentation
+
+AUGMENT_PROFILES = ("smoke", "cpu", "gpu")
+
+
+def _to_float(x: Tensor) -> Tensor:
+    """uint8 ``[0, 255]`` -> float32 ``[0, 1]``; floating tensors are taken to be in ``[0, 1]``."""
+    if x.dtype == torch.uint8:
+        return x.float().div_(255.0)
+    if not x.is_floating_point():
+        raise TypeError(f"expected a uint8 or floating tensor, got {x.dtype}")
+    return x
+
+
+def _stats(x: Tensor) -> tuple[Tensor, Tensor]:
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    return mean, std
+
+
+def normalize(x: Tensor) -> Tensor:
+    """uint8 or ``[0, 1]`` float images ``(B, 3, H, W)`` -> ImageNet-normalised floats."""
+    x = _to_float(x)
+    mean, std = _stats(x)
+    return (x - mean) / std
+
+
+def denormalize(x: Tensor) -> Tensor:
+    """Inverse of :func:`normalize`: floats in ``[0, 1]`` (clamped), e.g. for plotting."""
+    mean, std = _stats(x)
+    return (x * std + mean).clamp(0, 1)
+
+
+class TinyImageNetAugment(nn.Module):
+    """Batch-wise training augmentation for ``(B, 3, H, W)`` uint8 or ``[0, 1]`` float images.
+
+    Random resized crop to ``size`` (``scale`` of the area), horizontal flip, and at the ``gpu``
+    profile kornia's RandAugment ``(n, m) = (2, 9)`` (``randaugment`` overrides; ``(0, 0)`` turns it
+    off), then ImageNet normalisation (``normalize=False``: ``[0, 1]`` floats). ``profile=None``
+    uses :func:`modnets.profiles.get_profile`.
+
+    MixUp / CutMix: with ``mixup > 0`` or ``cutmix > 0`` a batch gets MixUp with probability
+    ``mixup``, else CutMix with probability ``cutmix`` (kornia's ``RandomMixUpV2`` with
+    ``lambda_val=mixup_lambda`` / ``RandomCutMixV2``). ``forward(x, y)`` with int labels ``y``
+    returns ``(x, soft_targets)``, soft targets ``(B, num_classes)`` summing to 1 (one-hot when the
+    batch was not mixed), usable with ``F.cross_entropy(logits, soft_targets)``; ``forward(x)``
+    returns the images only (and requires that no mixing is configured).
+
+    Randomness comes from torch's global generator: ``torch.manual_seed`` makes it reproducible.
+    """
+
+    def __init__(
+        self,
+        profile: str | None = None,
+        *,
+        size: int = IMAGE_SIZE,
+        scale: tuple[float, float] = (0.35, 1.0),
+        flip: bool = True,
+        randaugment: tuple[int, int] | None = None,
+        normalize: bool = True,
+        mixup: float = 0.0,
+        cutmix: float = 0.0,
+        mixup_lambda: tuple[float, float] = (0.0, 0.5),
+        num_classes: int | None = None,
+    ):
+        super().__init__()
+        import kornia.augmentation as K
+
+        from modnets.profiles import get_profile
+
+        self.profile = get_profile(profile)
+        if randaugment is None:
+            randaugment = (2, 9) if self.profile == "gpu" else (0, 0)
+        if not (0 <= mixup <= 1 and 0 <= cutmix <= 1 and mixup + cutmix <= 1):
+            raise ValueError(
+                f"mixup={mixup} and cutmix={cutmix} must be probabilities summing to at most 1"
+            )
+        if (mixup or cutmix) and not num_classes:
+            raise ValueError("num_classes is needed for mixup/cutmix soft targets")
+        ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=scale)]
+        if flip:
+            ops.append(K.RandomHorizontalFlip())
+        self.geometric = nn.Sequential(*ops)
+        self.randaugment = None
+        if randaugment[0] > 0:
+            from kornia.augmentation.auto import RandAugment
+
+            self.randaugment = RandAugment(n=randaugment[0], m=randaugment[1])
+        self.normalize = normalize
+        self.mixup_p, self.cutmix_p, self.num_classes = float(mixup), float(cutmix), num_classes
+        self.mixup = K.RandomMixUpV2(lambda_val=mixup_lambda, data_keys=["input", "class"])
+        self.cutmix = K.RandomCutMixV2(data_keys=["input", "class"], use_correct_lambda=True)
+
+    def forward(self, x: Tensor, y: Tensor | None = None):
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"expected images (B, 3, H, W), got shape {tuple(x.shape)}")
+        mixing = self.mixup_p > 0 or self.cutmix_p > 0
+        if mixing and y is None:
+            raise ValueError("mixup/cutmix are configured: call with labels, augment(x, y)")
+        x = self.geometric(_to_float(x))
+        if self.randaugment is not None:
+            x = self.randaugment(x).clamp(0, 1)
+        if self.normalize:
+            mean, std = _stats(x)
+            x = (x - mean) / std
+        if y is None:
+            return x
+        if not self.num_classes:
+            raise ValueError(
+                "num_classes is needed to return soft targets: pass it to the constructor"
+            )
+        soft = self._one_hot(y, x.dtype)
+        if mixing:
+            u = float(torch.rand(()))
+            if u < self.mixup_p:
+                x, mix = self.mixup(x, y)  # mix: (B, 3) = (y, y_paired, weight of y_paired)
+                a, b, lam = mix[:, 0], mix[:, 1], mix[:, 2]
+            elif u < self.mixup_p + self.cutmix_p:
+                x, mix = self.cutmix(x, y)  # mix: (1, B, 3) = (y, y_paired, weight of y)
+                a, b, lam = mix[0, :, 0], mix[0, :, 1], 1 - mix[0, :, 2]
+            else:
+                return x, soft
+            lam = lam.to(x.dtype).unsqueeze(1)
+            soft = (1 - lam) * self._one_hot(a, x.dtype) + lam * self._one_hot(b, x.dtype)
+        return x, soft
+
+    def _one_hot(self, labels: Tensor, dtype: torch.dtype) -> Tensor:
+        return torch.nn.functional.one_hot(labels.long(), self.num_classes).to(dtype)
+
+
+_AUGMENTERS: dict[tuple, TinyImageNetAugment] = {}
+
+
+def train_augment(x: Tensor, profile: str | None = None, y: Tensor | None = None, **kwargs):
+    """Functional :class:`TinyImageNetAugment`: ``train_augment(x, "cpu")`` -> images, or
+    ``train_augment(x, "gpu", y, mixup=0.5, cutmix=0.5, num_classes=20)`` -> (images, soft targets).
+    The module for each distinct set of arguments is built once and reused."""
+    from modnets.profiles import get_profile
+
+    key = (get_profile(profile), tuple(sorted(kwargs.items())))
+    if key not in _AUGMENTERS:
+        _AUGMENTERS[key] = TinyImageNetAugment(key[0], **kwargs)
+    aug = _AUGMENTERS[key]
+    return aug(x) if y is None else aug(x, y)
