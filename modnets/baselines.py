@@ -224,7 +224,7 @@ class PerceiverIO(nn.Module):
         g = torch.Generator().manual_seed(seed)
         keep = torch.randperm(U, generator=g)[n:].sort().values
         new = copy.deepcopy(self)
-        new.config = dataclasses.replace(self.config, num_processors=U - n)
+        new.config = dataclasses.replace(self.config, num_processors=U - n, prior=None)
         new.latents = nn.Parameter(self.latents.detach()[keep].clone())
         return new
 

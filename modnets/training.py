@@ -19,6 +19,7 @@ __all__ = [
     "trainable_parameters",
     "r2_score",
     "save_checkpoint",
+    "checkpoint_dir",
 ]
 
 
@@ -89,3 +90,9 @@ def save_checkpoint(obj: object, path: str | os.PathLike) -> Path:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def checkpoint_dir() -> Path:
+    """``$MODNETS_CHECKPOINTS``, else ``~/.cache/modnets/checkpoints`` (the data root may be read-only)."""
+    env = os.environ.get("MODNETS_CHECKPOINTS", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "modnets" / "checkpoints"

@@ -19,7 +19,6 @@ import argparse
 import copy
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,13 @@ from modnets.data.digits import load_digits
 from modnets.experiments.results import save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
-from modnets.training import autocast, minibatches, save_checkpoint, warmup_cosine
+from modnets.training import (
+    autocast,
+    checkpoint_dir,
+    minibatches,
+    save_checkpoint,
+    warmup_cosine,
+)
 from modnets.utils import default_device, progress, seed_everything
 
 __all__ = [
@@ -450,12 +455,6 @@ def inferred_types(model: NeuralInterpreter, images: Tensor) -> tuple[Tensor, Te
 
 
 # ----------------------------------------------------------------------------- the whole run
-
-
-def checkpoint_dir() -> Path:
-    """``$MODNETS_CHECKPOINTS``, else ``~/.cache/modnets/checkpoints`` (the data root may be read-only)."""
-    env = os.environ.get("MODNETS_CHECKPOINTS", "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "modnets" / "checkpoints"
 
 
 def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, show_progress=True,

@@ -4,7 +4,7 @@ from modnets.nn.loc import LOC
 from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP, modffn_parameter_count
 from modnets.nn.skmdpa import SKMDPA
-from modnets.nn.tokens import ClassTokens, ElementEmbedding, Heads, PatchEmbedding
+from modnets.nn.tokens import ClassTokens, ConvTokenizer, ElementEmbedding, Heads, PatchEmbedding
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "LOC",
     "SKMDPA",
     "PatchEmbedding",
+    "ConvTokenizer",
     "ElementEmbedding",
     "ClassTokens",
     "Heads",

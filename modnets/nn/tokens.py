@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PatchEmbedding", "ElementEmbedding", "ClassTokens", "Heads"]
+__all__ = ["PatchEmbedding", "ConvTokenizer", "ElementEmbedding", "ClassTokens", "Heads"]
 
 
 class PatchEmbedding(nn.Module):
@@ -35,6 +35,57 @@ class PatchEmbedding(nn.Module):
                 f"got {tuple(images.shape)}"
             )
         return self.proj(images).flatten(2).transpose(1, 2) + self.pos
+
+
+class _ChannelsLastNorm(nn.LayerNorm):
+    """LayerNorm over the channels of a ``(B, C, H, W)`` map."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvTokenizer(nn.Module):
+    """The convolutional preprocessor of NAC App. C (Tiny-ImageNet): a 64x64 image -> 8x8 tokens.
+
+    ``conv k4 s4 + LN`` -> a ConvNeXt block {Liu et al., 2022} (7x7 depthwise conv, LN, linear
+    ``C -> 4C``, GELU, LN, linear ``4C -> C``, residual) -> ``conv k2 s2 + LN``, then a learned
+    ``pos_dim``-d positional encoding per position *concatenated* to each token. App. C puts a
+    LayerNorm before each pointwise linear and says nothing of the residual or the hidden width;
+    we keep ConvNeXt's (residual, ``4C``).
+
+    Shapes: images ``(B, in_channels, S, S)`` -> tokens ``(B, (S/8)^2, out_channels + pos_dim)``.
+    """
+
+    def __init__(self, image_size: int = 64, in_channels: int = 3, hidden_channels: int = 96,
+                 out_channels: int = 192, pos_dim: int = 64):  # fmt: skip
+        super().__init__()
+        if image_size % 8:
+            raise ValueError(f"image_size must be a multiple of 8, got {image_size}")
+        self.image_size, self.in_channels = image_size, in_channels
+        c, self.num_tokens = hidden_channels, (image_size // 8) ** 2
+        self.out_dim = out_channels + pos_dim
+        self.stem = nn.Conv2d(in_channels, c, kernel_size=4, stride=4)
+        self.stem_norm = _ChannelsLastNorm(c)
+        self.dwconv = nn.Conv2d(c, c, kernel_size=7, padding=3, groups=c)
+        self.norm1, self.fc1 = nn.LayerNorm(c), nn.Linear(c, 4 * c)
+        self.norm2, self.fc2 = nn.LayerNorm(4 * c), nn.Linear(4 * c, c)
+        self.down = nn.Conv2d(c, out_channels, kernel_size=2, stride=2)
+        self.down_norm = _ChannelsLastNorm(out_channels)
+        self.pos = nn.Parameter(0.02 * torch.randn(self.num_tokens, pos_dim))
+
+    def forward(self, images: Tensor) -> Tensor:
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(
+                f"images must have shape (batch, {', '.join(map(str, expected))}), "
+                f"got {tuple(images.shape)}"
+            )
+        x = self.stem_norm(self.stem(images))
+        h = self.dwconv(x).permute(0, 2, 3, 1)  # (B, H, W, C)
+        h = self.fc2(self.norm2(nn.functional.gelu(self.fc1(self.norm1(h)))))
+        x = x + h.permute(0, 3, 1, 2)
+        x = self.down_norm(self.down(x)).flatten(2).transpose(1, 2)  # (B, 64, out_channels)
+        return torch.cat([x, self.pos.expand(x.shape[0], -1, -1)], dim=-1)
 
 
 class ElementEmbedding(nn.Module):
