@@ -100,3 +100,22 @@ def test_threshold_kernel_and_gradcheck():
 def test_bad_arguments(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SKMDPA(**kwargs)
+
+
+def test_query_without_links_reads_nothing():
+    """Every key of query 0 masked: its message is zero (not plain attention, not NaN)."""
+    attn = SKMDPA(num_heads=2).eval()
+    q, k, v, s = inputs()
+    edges = torch.ones(5, 5, dtype=torch.bool)
+    edges[0] = False
+    out = attn(q, k, v, s, s, edge_mask=edges)
+    assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))
+    assert torch.isfinite(out).all() and out[:, 1:].abs().sum() > 0
+    # a masked key gets exactly zero weight
+    keys = torch.ones(5, dtype=torch.bool)
+    keys[3] = False
+    v2 = v.clone()
+    v2[:, 3] += 100.0
+    torch.testing.assert_close(
+        attn(q, k, v, s, s, key_mask=keys), attn(q, k, v2, s, s, key_mask=keys)
+    )

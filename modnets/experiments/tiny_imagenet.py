@@ -126,7 +126,7 @@ CONFIGS = {
         tokenizer={"hidden_channels": 8, "out_channels": 16, "pos_dim": 8},
         nac=dict(dim=16, num_layers=1, num_processors=10, num_readouts=2, num_heads=2,
                  ffn_hidden=32, sig_dim=4, code_dim=8),
-        drop_fractions=(0.0, 0.5, 0.9), edge_fractions=(0.0, 0.9), throughput_batch=8,
+        drop_fractions=(0.0, 0.5, 0.8, 0.9), edge_fractions=(0.0, 0.9), throughput_batch=8,
         throughput_repeats=1, eval_batch=64,
     ),
     # About 15 minutes on two CPU cores: 20 classes (10,000 train / 1,000 val images), a quarter

@@ -84,6 +84,12 @@ class SKMDPA(nn.Module):
         self.num_heads, self.bandwidth, self.temperature = num_heads, bandwidth, temperature
         self.delta, self.eval_kernel = delta, eval_kernel
 
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, bandwidth={self.bandwidth}, "
+            f"temperature={self.temperature}, delta={self.delta}, eval_kernel={self.eval_kernel!r}"
+        )
+
     def kernel(self, probs: Tensor) -> Tensor:
         """``K``: a Concrete sample in training, else per ``eval_kernel``."""
         if self.training or self.eval_kernel == "sample":
@@ -112,7 +118,9 @@ class SKMDPA(nn.Module):
         if edge_mask is not None:
             K = K * edge_mask.to(K.dtype)
         K_hat = K / (self.delta + K.sum(-1, keepdim=True))
-        return torch.log(K_hat.clamp_min(_LOG_FLOOR))
+        # An exact zero (a masked module or edge, a thresholded kernel) is no link at all: -inf,
+        # so it gets exactly zero weight; small positive K keep their (tiny) log.
+        return torch.log(K_hat.clamp_min(_LOG_FLOOR)).masked_fill(K == 0, float("-inf"))
 
     def forward(self, q, k, v, sig_q, sig_k, key_mask=None, edge_mask=None) -> Tensor:
         B, Uq, d = q.shape
@@ -132,7 +140,15 @@ class SKMDPA(nn.Module):
         log_k = log_k.to(qh.dtype)
         if log_k.dim() == 3:  # per-sample signatures
             log_k = log_k[:, None]
+        # A query with no link at all reads nothing (a zero message), rather than a softmax over
+        # -inf that would give NaN.
+        dead = torch.isneginf(log_k).all(-1, keepdim=True)
+        any_dead = bool(dead.any())
+        if any_dead:
+            log_k = log_k.masked_fill(dead, 0.0)
         # softmax(A + log K^) V with A = q.k / sqrt(d_head): the kernel is an additive mask, so the
         # fused attention kernels apply (no (B, H, Uq, Uk) weights kept for backward on CPU/CUDA).
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=log_k)
+        if any_dead:
+            out = out.masked_fill(dead, 0.0)
         return out.transpose(1, 2).reshape(B, Uq, -1)
