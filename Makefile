@@ -80,7 +80,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 bench: install
-	for f in bench/bench_*.py; do $(PY) $$f; done
+	$(PY) -m bench
 
 clean:
 	rm -rf _build .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench`` runs the suite of :mod:`modnets.benchmarks`."""
