@@ -310,7 +310,7 @@ class ReadOut(nn.Module):
         self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
         self.norm_out = nn.LayerNorm(c.dim)
         self.head = nn.Linear(c.dim, c.num_outputs)
-        self.confidence = nn.Linear(c.dim, 1)
+        self.confidence = nn.Linear(c.dim, 1, bias=False)  # a bias cancels in the softmax
 
     def forward(self, proc_states, design: CircuitDesign, key_mask=None) -> tuple[Tensor, Tensor]:
         B = proc_states.shape[0]

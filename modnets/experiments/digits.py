@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets import distributed
 from modnets.baselines import ViT
 from modnets.data import data_root
 from modnets.data.digits import load_digits
@@ -293,15 +294,17 @@ def pretrain(model: nn.Module, data: DigitsData, config: DigitsConfig, lr: float
     sched = warmup_cosine(opt, steps, int(config.warmup_fraction * steps))
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_acc": []}
-    bar = progress(total=steps, desc=desc, disable=not show_progress)
+    bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
+    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(config.pretrain_epochs):
         model.train()
         for idx in minibatches(len(data.x_train), config.batch_size, g):
+            idx = distributed.shard(idx)
             x = prep(data.x_train[idx].to(device), train=True)
             y, d = data.y_train[idx].to(device), data.d_train[idx].to(device)
             with autocast(device):
-                loss = F.cross_entropy(_select_heads(model(x), d).float(), y)
+                loss = F.cross_entropy(_select_heads(net(x), d).float(), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -469,8 +472,9 @@ def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, 
         return model, state["history"]
     lr = config.lr if kind == "ni" else config.vit_lr
     history = pretrain(model, data, config, lr, f"pretraining {kind.upper()}", show_progress)
-    if cache:
+    if cache and distributed.is_main():
         save_checkpoint({"model": model.state_dict(), "history": history}, path)
+    distributed.barrier()
     return model, history
 
 
@@ -479,7 +483,7 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
     """Every part of the experiment; returns a JSON-serialisable dict (plus models on request)."""
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
-    device = default_device()
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
     start = time.perf_counter()
     data = load_pretraining_data(config, root, verify)
     kmnist = load_kmnist_data(config, root, verify)
@@ -559,11 +563,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
-    print(format_summary(results))
-    if args.out is not None:
-        save_results(results, args.out)
-        print(f"results written to {args.out}", file=sys.stderr)
+    distributed.setup()  # under torchrun: one process per device, data-parallel pretraining
+    try:
+        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
+        if distributed.is_main():
+            print(format_summary(results))
+            if args.out is not None:
+                save_results(results, args.out)
+                print(f"results written to {args.out}", file=sys.stderr)
+    finally:
+        distributed.cleanup()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modnets import distributed
 from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_functions
 from modnets.experiments.results import load_results, save_results
 from modnets.ni import NeuralInterpreter, NIConfig
@@ -179,13 +180,14 @@ def train(
     sched = warmup_cosine(opt, total, int(config.warmup_fraction * total))
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_r2": []}
-    bar = progress(total=total, desc=desc, disable=not show_progress)
+    bar = progress(total=total, desc=desc, disable=not (show_progress and distributed.is_main()))
+    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(epochs):
         model.train()
         for idx in minibatches(len(x_train), config.batch_size, g):
-            idx = idx.to(device)
-            loss = F.mse_loss(model(x_train[idx])[..., 0], y_train[idx])
+            idx = distributed.shard(idx).to(device)
+            loss = F.mse_loss(net(x_train[idx])[..., 0], y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -216,7 +218,7 @@ def run(
     """
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
-    device = default_device()
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
     seed_everything(config.seed)
     k_pre, k_new = config.num_pretrain_functions, config.num_finetune_functions
     functions = sample_functions(k_pre + k_new, config.num_variables, seed=config.seed)
@@ -287,11 +289,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    results = run(profile=args.profile, show_progress=not args.quiet)
-    print(format_table(results))
-    if args.out is not None:
-        save_results(results, args.out)
-        print(f"results written to {args.out}", file=sys.stderr)
+    distributed.setup()  # under torchrun: one process per device, data-parallel training
+    try:
+        results = run(profile=args.profile, show_progress=not args.quiet)
+        if distributed.is_main():
+            print(format_table(results))
+            if args.out is not None:
+                save_results(results, args.out)
+                print(f"results written to {args.out}", file=sys.stderr)
+    finally:
+        distributed.cleanup()
 
 
 if __name__ == "__main__":

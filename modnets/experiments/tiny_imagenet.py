@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from modnets import distributed
 from modnets.baselines import PerceiverIO
 from modnets.data.tiny_imagenet import TinyImageNetAugment, load_tiny_imagenet, normalize
 from modnets.experiments.results import save_results
@@ -92,7 +94,7 @@ class TinyImageNetConfig:
     min_lr: float = 1e-5 * 2
     weight_decay: float = 0.05
     graph_weight: float = 1.0  # times the *mean* squared deviation of eq. 6 over pairs
-    augment: str = "gpu"  # TinyImageNetAugment level: smoke/cpu (crop + flip), gpu (+ RandAugment)
+    augment: str | None = "gpu"  # smoke/cpu: crop + flip; gpu: + RandAugment; None: no augmentation
     mixup: float = 0.0
     cutmix: float = 0.0
     priors: tuple[str, ...] = ("scale_free",)
@@ -193,24 +195,33 @@ def train(model: nn.Module, data: Data, config: TinyImageNetConfig, lr: float, d
           show_progress: bool = True) -> dict:  # fmt: skip
     """AdamW with a warm-up + cosine schedule, no weight decay on vectors, codes or signatures
     (NAC App. C, Table 4); the NAC adds ``graph_weight`` times its graph-prior regulariser."""
-    device = next(model.parameters()).device
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     num_classes = config.classes or 200
-    augment = TinyImageNetAugment(config.augment, mixup=config.mixup, cutmix=config.cutmix,
-                                  num_classes=num_classes)  # fmt: skip
+    augment = None
+    if config.augment is not None:
+        augment = TinyImageNetAugment(config.augment, mixup=config.mixup, cutmix=config.cutmix,
+                                      num_classes=num_classes)  # fmt: skip
     opt = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=lr)
     per_epoch = max(1, len(data.x_train) // config.batch_size)
     steps = config.epochs * per_epoch
     sched = warmup_cosine(opt, steps, config.warmup_epochs * per_epoch, floor=config.min_lr / lr)
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "graph": [], "epoch": [], "val_top1": []}
-    bar = progress(total=steps, desc=desc, disable=not show_progress)
+    bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
+    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(config.epochs):
         model.train()
         for idx in minibatches(len(data.x_train), config.batch_size, g):
-            x, soft = augment(data.x_train[idx].to(device), data.y_train[idx].to(device))
+            idx = distributed.shard(idx)
+            x, y = data.x_train[idx].to(device), data.y_train[idx].to(device)
+            if augment is None:
+                x, soft = normalize(x), F.one_hot(y, num_classes).float()
+            else:
+                x, soft = augment(x, y)
+            x = x.to(dtype)  # a float64 model (e.g. in tests) gets float64 images
             with autocast(device):
-                logits = model(x)
+                logits = net(x)
             loss = torch.sum(-soft * F.log_softmax(logits.float(), -1), -1).mean()
             penalty = _graph_penalty(model)
             total = loss if penalty is None else loss + config.graph_weight * penalty
@@ -222,7 +233,9 @@ def train(model: nn.Module, data: Data, config: TinyImageNetConfig, lr: float, d
             step += 1
             if step % max(1, steps // 100) == 0 or step == steps:
                 history["step"].append(step)
-                history["loss"].append(loss.item())
+                history["loss"].append(
+                    distributed.all_reduce_sum(loss.item()) / distributed.world_size()
+                )
                 history["graph"].append(None if penalty is None else penalty.item())
             bar.update(1)
         top1 = evaluate(model, data.x_val, data.y_val, config.eval_batch)["top1"]
@@ -243,7 +256,8 @@ def evaluate(
     top1 = top5 = 0
     for i in range(0, len(x), batch_size):
         with autocast(device):
-            logits = model(normalize(x[i : i + batch_size].to(device)), **forward_kwargs).float()
+            xb = normalize(x[i : i + batch_size].to(device)).to(next(model.parameters()).dtype)
+            logits = model(xb, **forward_kwargs).float()
         target = y[i : i + batch_size].to(device)
         best = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
         top1 += (best[:, 0] == target).sum().item()
@@ -260,8 +274,14 @@ def trained_model(kind: str, config: TinyImageNetConfig, data: Data, device, pri
     model = build_model(kind, config, prior).to(device)
     if cache and path.exists():
         state = torch.load(path, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        return model, state["history"]
+        try:
+            model.load_state_dict(state["model"])
+            return model, state["history"]
+        except RuntimeError as err:  # written by another version of the model: train afresh
+            warnings.warn(f"checkpoint {path} does not fit this model ({str(err)[:200]}); "
+                          "retraining", stacklevel=2)  # fmt: skip
+            seed_everything(config.seed)
+            model = build_model(kind, config, prior).to(device)
     lr = config.nac_lr if kind == "nac" else config.pio_lr
     name = f"NAC ({prior})" if kind == "nac" else "Perceiver IO"
     history = train(model, data, config, lr, f"training {name}", show_progress)
@@ -355,7 +375,7 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None, sh
     """Train (or load) the models and run every analysis; a JSON-serialisable dict."""
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
-    device = default_device()
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
     start = time.perf_counter()
     data = load_data(config, root)
     results: dict = {"profile": profile, "device": str(device), "config": asdict(config),
@@ -415,11 +435,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-cache", action="store_true", help="train even if a checkpoint exists")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
-    print(format_summary(results))
-    if args.out is not None:
-        save_results(results, args.out, exclude=("trained", "data"))
-        print(f"results written to {args.out}", file=sys.stderr)
+    distributed.setup()  # under torchrun: one process per device, data-parallel training
+    try:
+        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
+        if distributed.is_main():
+            print(format_summary(results))
+            if args.out is not None:
+                save_results(results, args.out, exclude=("trained", "data"))
+                print(f"results written to {args.out}", file=sys.stderr)
+    finally:
+        distributed.cleanup()
 
 
 if __name__ == "__main__":
