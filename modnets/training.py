@@ -20,6 +20,7 @@ __all__ = [
     "r2_score",
     "save_checkpoint",
     "checkpoint_dir",
+    "maybe_compile",
 ]
 
 
@@ -96,3 +97,11 @@ def checkpoint_dir() -> Path:
     """``$MODNETS_CHECKPOINTS``, else ``~/.cache/modnets/checkpoints`` (the data root may be read-only)."""
     env = os.environ.get("MODNETS_CHECKPOINTS", "").strip()
     return Path(env).expanduser() if env else Path.home() / ".cache" / "modnets" / "checkpoints"
+
+
+def maybe_compile(module: nn.Module) -> nn.Module:
+    """``torch.compile(module)`` when ``MODNETS_COMPILE=1`` (off by default: compiling costs
+    minutes and pays off only on long GPU runs); the module itself otherwise."""
+    if os.environ.get("MODNETS_COMPILE", "").strip() in ("1", "true", "yes"):
+        return torch.compile(module)
+    return module

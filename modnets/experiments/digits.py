@@ -39,6 +39,7 @@ from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import (
     autocast,
     checkpoint_dir,
+    maybe_compile,
     minibatches,
     save_checkpoint,
     warmup_cosine,
@@ -295,7 +296,9 @@ def pretrain(model: nn.Module, data: DigitsData, config: DigitsConfig, lr: float
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_acc": []}
     bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
+    net = maybe_compile(
+        distributed.wrap(model)
+    )  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(config.pretrain_epochs):
         model.train()

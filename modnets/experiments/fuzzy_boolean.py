@@ -33,7 +33,13 @@ from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_funct
 from modnets.experiments.results import load_results, save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
-from modnets.training import minibatches, r2_score, trainable_parameters, warmup_cosine
+from modnets.training import (
+    maybe_compile,
+    minibatches,
+    r2_score,
+    trainable_parameters,
+    warmup_cosine,
+)
 from modnets.utils import default_device, progress, seed_everything
 
 __all__ = [
@@ -181,7 +187,9 @@ def train(
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_r2": []}
     bar = progress(total=total, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
+    net = maybe_compile(
+        distributed.wrap(model)
+    )  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(epochs):
         model.train()

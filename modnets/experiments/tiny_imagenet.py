@@ -41,6 +41,7 @@ from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import (
     autocast,
     checkpoint_dir,
+    maybe_compile,
     minibatches,
     save_checkpoint,
     warmup_cosine,
@@ -208,7 +209,9 @@ def train(model: nn.Module, data: Data, config: TinyImageNetConfig, lr: float, d
     g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "graph": [], "epoch": [], "val_top1": []}
     bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = distributed.wrap(model)  # DDP under torchrun; each rank trains on its shard
+    net = maybe_compile(
+        distributed.wrap(model)
+    )  # DDP under torchrun; each rank trains on its shard
     step = 0
     for epoch in range(config.epochs):
         model.train()

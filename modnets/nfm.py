@@ -1,0 +1,586 @@
+"""Neural Function Modules (NFM §3): modules that pick their arguments from every earlier layer.
+
+A feed-forward network hands each layer the output of the one before it. An NFM network instead
+lets module ``i`` *attend* over everything computed so far -- every earlier module's output, in
+this pass and in all earlier passes -- and read only a few of those states (its sparse
+arguments). Running the network ``K`` times (Algorithm 1) lets the early modules of pass ``k``
+read the late modules of pass ``k - 1``: top-down feedback. ::
+
+    M := []                                            # memory: every state written so far
+    for k = 1..K:                                      # passes
+        h(0) := x
+        for i = 1..N:                                  # modules
+            R    := Attention_i(query = h(i-1), keys = values = rescale(M) + [0])
+            h(i) := f_i(h(i-1) + gamma_i * R)          # gamma_i = 0 at initialisation
+            M.append(h(i))
+
+The pieces, each a function or class here:
+
+* :func:`topk_softmax` -- the sparse ("top-k") softmax of SAB and RIMs: softmax weights, minus
+  the (k+1)-th largest weight, clamped at 0, renormalised, so at most ``k`` weights survive.
+* :func:`rescale` -- §3.2.2's type conversion between states of different spatial sizes:
+  nearest-neighbour upsampling from smaller states, SpaceToDepth from larger ones, so that every
+  position of the local window becomes its own attendable element.
+* :class:`NFMAttention` -- §3.2.1's multi-head attention of one module, with the zero "default"
+  key/value that lets a head read nothing, the output ``sigma(BN(A W_o1)) W_o2`` and ``gamma``.
+* :class:`NFMNetwork` -- Algorithm 1 over ``N`` modules and ``K`` passes.
+* :class:`ConvNet` -- NFM §4.2 / App. C's CNN (or a pre-activation ResNet) with NFM in front of
+  each block: the model of the stacked-MNIST experiment.
+
+Choices where the paper is silent or ambiguous (each explained in chapter 11):
+
+* states are channel-first, ``(batch, channels, *spatial)`` with any number of spatial dims;
+  attention runs per position: each position of the query state is one query;
+* ``key_dim`` and ``value_dim`` are the widths of *all* heads together (each head gets
+  ``key_dim / num_heads``), as in ``torch.nn.MultiheadAttention``; scores are scaled by
+  ``1/sqrt(per-head dim)`` as in the Transformer;
+* the key and value of a state are computed by the module that wrote it (``W_k``, ``W_v`` of
+  module ``j`` for ``h(j)``), once, before rescaling -- a position-wise linear map commutes with
+  nearest upsampling and SpaceToDepth, so this equals projecting after rescaling;
+* the query state itself is in the memory from step 2 on (Algorithm 1 appends ``h(i-1)`` before
+  step ``i``); the input ``x = h(0)`` is not;
+* the default slot is one of the candidates of the top-k (the paper appends it "to the list of
+  keys and values"), so with the default at most ``k`` weights are non-zero per row;
+* no biases in the projections: a module whose heads all read the default slot adds exactly
+  nothing to its input (without batch norm);
+* per-pass parameters (``theta_k`` in Algorithm 1) start as copies of the first pass, so an NFM
+  network with ``gamma = 0`` computes what the wrapped modules compute.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "ACTIVATIONS",
+    "topk_softmax",
+    "space_to_depth",
+    "depth_to_space",
+    "rescale",
+    "num_candidates",
+    "NFMAttention",
+    "NFMOutput",
+    "NFMNetwork",
+    "ConvNet",
+]
+
+ACTIVATIONS = ("relu", "gelu")
+BLOCKS = ("plain", "preact")
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------- sparse attention
+
+
+def topk_softmax(scores: Tensor, k: int, dim: int = -1) -> Tensor:
+    """The sparse softmax of SAB {cite}`ke2018sab` and RIMs {cite}`goyal2021rims` along ``dim``.
+
+    ``w = softmax(scores)``; ``w' = max(w - w_(k+1), 0)`` with ``w_(k+1)`` the (k+1)-th largest
+    weight of the row; ``w' / sum(w')``. The ``k`` largest weights stay positive (ties aside) and
+    the rest become 0; with ``k`` or fewer candidates it is the plain softmax. (SAB's code adds 1
+    to ``k`` before taking the threshold for the same reason: subtracting the k-th largest would
+    leave only ``k - 1``.) A row whose ``k + 1`` largest weights all tie -- e.g. a zero query,
+    where every score is 0 -- has nothing that stands out; it puts its whole weight on its first
+    largest element (in :class:`NFMAttention`, the default slot), so every row sums to 1.
+
+    Shapes: any; ``scores.shape[dim]`` candidates per row.
+    """
+    _positive_int(k, "k")
+    w = torch.softmax(scores, dim=dim)
+    if scores.shape[dim] <= k:
+        return w
+    threshold = w.topk(k + 1, dim=dim).values.narrow(dim, k, 1)  # the (k+1)-th largest
+    sparse = (w - threshold).clamp_min(0)
+    total = sparse.sum(dim, keepdim=True)
+    tied = total <= 0
+    out = sparse / torch.where(tied, torch.ones_like(total), total)
+    if tied.any():  # rare: only then build the fallback
+        first = F.one_hot(w.argmax(dim), w.shape[dim]).to(w.dtype).movedim(-1, dim)
+        out = torch.where(tied, first, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- rescaling (§3.2.2)
+
+
+def space_to_depth(x: Tensor, factors: Sequence[int]) -> Tensor:
+    """Every ``f_1 x f_2 x ...`` window becomes ``prod(f)`` candidates at one coarse position.
+
+    ``(B, C, s_1 f_1, s_2 f_2, ...)`` -> ``(B, prod(f), C, s_1, s_2, ...)``; the candidate index
+    runs over the window row-major (the order of ``F.pixel_unshuffle``). A permutation of the
+    entries: :func:`depth_to_space` inverts it.
+    """
+    B, C, *size = x.shape
+    if len(factors) != len(size):
+        raise ValueError(f"factors {tuple(factors)} must give one factor per spatial dim {size}")
+    if any(s % f for s, f in zip(size, factors, strict=True)):
+        raise ValueError(f"size {tuple(size)} must be divisible by the factors {tuple(factors)}")
+    small = [s // f for s, f in zip(size, factors, strict=True)]
+    n = len(size)
+    split = [d for pair in zip(small, factors, strict=True) for d in pair]  # s_1, f_1, s_2, f_2
+    x = x.reshape(B, C, *split)
+    # (B, C, s_1, f_1, s_2, f_2, ...) -> (B, f_1, f_2, ..., C, s_1, s_2, ...)
+    order = [0, *(3 + 2 * a for a in range(n)), 1, *(2 + 2 * a for a in range(n))]
+    return x.permute(order).reshape(B, math.prod(factors), C, *small)
+
+
+def depth_to_space(x: Tensor, factors: Sequence[int]) -> Tensor:
+    """The inverse of :func:`space_to_depth`: ``(B, prod(f), C, *small)`` -> ``(B, C, *large)``."""
+    B, S, C, *small = x.shape
+    if len(factors) != len(small) or math.prod(factors) != S:
+        raise ValueError(f"factors {tuple(factors)} do not match {S} candidates of size {small}")
+    n = len(small)
+    x = x.reshape(B, *factors, C, *small)
+    # (B, f_1, .., f_n, C, s_1, .., s_n) -> (B, C, s_1, f_1, s_2, f_2, ...)
+    order = [0, n + 1, *(i for a in range(n) for i in (n + 2 + a, 1 + a))]
+    return x.permute(order).reshape(B, C, *(s * f for s, f in zip(small, factors, strict=True)))
+
+
+def _factors(src: Sequence[int], dst: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    for s, d in zip(src, dst, strict=True):
+        if s > d and s % d:
+            raise ValueError(
+                f"a state of size {tuple(src)} cannot be read at size {tuple(dst)}: SpaceToDepth "
+                f"needs each larger size to be a multiple of the smaller ({s} vs {d})"
+            )
+        out.append(s // d if s > d else 1)
+    return tuple(out)
+
+
+def num_candidates(src: Sequence[int], dst: Sequence[int]) -> int:
+    """Attendable elements per query position when a state of spatial size ``src`` is read at
+    size ``dst``: 1 if it is as small or smaller, ``prod(src / dst)`` over the larger dims."""
+    if len(src) != len(dst):
+        raise ValueError(f"sizes {tuple(src)} and {tuple(dst)} have different numbers of dims")
+    return math.prod(_factors(src, dst))
+
+
+def rescale(state: Tensor, size: Sequence[int]) -> Tensor:
+    """A state read at spatial size ``size`` (NFM §3.2.2), per spatial dim:
+
+    * the same size: unchanged;
+    * smaller: nearest-neighbour upsampling (``F.interpolate(mode="nearest")``);
+    * larger: SpaceToDepth, each position of the ``src / dst`` window its own candidate.
+
+    Shapes: ``(B, C, *src)`` -> ``(B, S, C, *size)`` with ``S = num_candidates(src, size)``.
+    """
+    B, C, *src = state.shape
+    size = tuple(int(s) for s in size)
+    if len(src) != len(size):
+        raise ValueError(
+            f"state of spatial size {tuple(src)} cannot be read at size {size}: "
+            "every state of an NFM network needs the same number of spatial dims"
+        )
+    factors = _factors(src, size)
+    grown = tuple(max(s, d) for s, d in zip(src, size, strict=True))
+    if grown != tuple(src):
+        state = F.interpolate(state, size=grown, mode="nearest")
+    return space_to_depth(state, factors)
+
+
+# ----------------------------------------------------------------------------- attention (§3.2.1)
+
+
+class NFMAttention(nn.Module):
+    """The attention of one NFM module (NFM §3.2.1).
+
+    Queries, keys and values are linear maps (one per module): ``Q = h W_q`` of the state the
+    module reads with, ``K = M W_k`` and ``V = M W_v`` of the state the module *writes* (its
+    output, computed once by :meth:`write` and stored in the memory). Per position of the query
+    state and per head::
+
+        A  = topk_softmax([0, Q K^T / sqrt(d_head)], k) [0, V]     # 0: the default slot
+        h1 = sigma(BN(A W_o1)) W_o2                                # BN optional
+        h2 = h + gamma * h1                                        # gamma = 0 at initialisation
+
+    The default slot is a zero key and value in front of the candidates: its score is 0 and it
+    contributes nothing, so a head that puts its weight there reads nothing.
+
+    Args:
+        dim: channels of the state that queries (and of the output).
+        memory_dim: channels of the state this module writes (default ``dim``).
+        key_dim, value_dim: widths of all heads together (``d_k``, ``d_v``).
+        num_heads: heads; must divide ``key_dim`` and ``value_dim``.
+        top_k: ``k`` of the top-k softmax.
+        hidden_dim: width of ``W_o1`` (default ``value_dim``).
+        batch_norm: batch norm before ``sigma``.
+        activation: ``sigma``, ``"relu"`` (the paper's) or ``"gelu"``.
+
+    Shapes: state ``(B, dim, *size)``; memory a list of ``(keys, values)`` from :meth:`write`,
+    ``(B, key_dim, *size_j)`` and ``(B, value_dim, *size_j)`` with the same number of spatial
+    dims. Returns ``(B, dim, *size)`` (and the weights ``(B, heads, prod(size), 1 + S)`` with
+    ``return_weights``; column 0 is the default slot, then each entry's candidates in order).
+    """
+
+    def __init__(self, dim: int, memory_dim: int | None = None, key_dim: int = 16,
+                 value_dim: int = 16, num_heads: int = 4, top_k: int = 5,
+                 hidden_dim: int | None = None, batch_norm: bool = False,
+                 activation: str = "relu"):  # fmt: skip
+        super().__init__()
+        memory_dim = dim if memory_dim is None else memory_dim
+        hidden_dim = value_dim if hidden_dim is None else hidden_dim
+        for name, v in (("dim", dim), ("memory_dim", memory_dim), ("key_dim", key_dim),
+                        ("value_dim", value_dim), ("num_heads", num_heads), ("top_k", top_k),
+                        ("hidden_dim", hidden_dim)):  # fmt: skip
+            _positive_int(v, name)
+        for name, v in (("key_dim", key_dim), ("value_dim", value_dim)):
+            if v % num_heads:
+                raise ValueError(f"{name}={v} must be divisible by num_heads={num_heads}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if not isinstance(batch_norm, bool):
+            raise TypeError(f"batch_norm must be a bool, got {type(batch_norm).__name__}")
+        self.dim, self.memory_dim, self.key_dim, self.value_dim = (
+            dim,
+            memory_dim,
+            key_dim,
+            value_dim,
+        )
+        self.num_heads, self.top_k, self.hidden_dim = num_heads, top_k, hidden_dim
+        # No biases: with them the default slot's zero key and value would not stay zero, and a
+        # module that reads nothing would still add something to its input.
+        self.query = nn.Linear(dim, key_dim, bias=False)
+        self.key = nn.Linear(memory_dim, key_dim, bias=False)
+        self.value = nn.Linear(memory_dim, value_dim, bias=False)
+        self.out1 = nn.Linear(value_dim, hidden_dim, bias=False)
+        self.norm = nn.BatchNorm1d(hidden_dim) if batch_norm else None
+        self.act = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.out2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.gamma = nn.Parameter(torch.zeros(()))  # SAGAN's gate: NFM starts as the identity
+
+    @staticmethod
+    def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
+        """A position-wise linear map of a channel-first ``(B, C, *size)`` tensor."""
+        B, C, *size = x.shape
+        return torch.matmul(layer.weight, x.reshape(B, C, -1)).reshape(B, -1, *size)
+
+    def write(self, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value of a state this module wrote: ``(B, key_dim, *size)``,
+        ``(B, value_dim, *size)``. Projected before rescaling, once per state."""
+        if state.dim() < 2 or state.shape[1] != self.memory_dim:
+            raise ValueError(
+                f"state must be (batch, memory_dim={self.memory_dim}, *size), got {tuple(state.shape)}"
+            )
+        return self._linear(self.key, state), self._linear(self.value, state)
+
+    def _aligned(self, x: Tensor, size: tuple[int, ...]) -> tuple[Tensor, list[int]]:
+        """A memory tensor ``(B, H d, *src)`` as ``(B, H, d, S, *coarse')`` that broadcasts against
+        the query viewed as ``(B, H, d, 1, *q_shape)``: :func:`rescale` without materialising the
+        upsampled copies. An axis upsampled by an integer ratio ``r`` is ``(s, 1)`` here and
+        ``(s, r)`` in the query (nearest upsampling repeats each entry ``r`` times); other ratios
+        are upsampled first; SpaceToDepth moves each window into ``S``."""
+        B, D, *src = x.shape
+        if len(src) != len(size):
+            raise ValueError(
+                f"a state of spatial size {tuple(src)} cannot be read at size {size}: "
+                "every state of an NFM network needs the same number of spatial dims"
+            )
+        grown = [d if s < d and d % s else s for s, d in zip(src, size, strict=True)]
+        if grown != src:
+            x, src = F.interpolate(x, size=grown, mode="nearest"), grown
+        x = space_to_depth(x, _factors(src, size))  # (B, S, D, *min(src, size))
+        S, coarse = x.shape[1], x.shape[3:]
+        H = self.num_heads
+        x = x.reshape(B, S, H, D // H, *coarse).movedim(1, 3)  # (B, H, d, S, *coarse)
+        k_shape, q_shape = [], []
+        for s, d in zip(coarse, size, strict=True):
+            k_shape += [s, 1] if s < d else [s]
+            q_shape += [s, d // s] if s < d else [d]
+        x = x.view(B, H, D // H, S, *k_shape)  # inserting size-1 dims is always a view
+        return x, q_shape
+
+    def _attend(
+        self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        if state.dim() < 2 or state.shape[1] != self.dim:
+            raise ValueError(
+                f"state must be (batch, dim={self.dim}, *size), got {tuple(state.shape)}"
+            )
+        B, _, *size = state.shape
+        size = tuple(size)
+        T, H = math.prod(size), self.num_heads
+        dk, dv = self.key_dim // H, self.value_dim // H
+        q = self._linear(self.query, state).reshape(B, H, dk, 1, *size) / math.sqrt(dk)
+        scores, aligned = [], []
+        for keys, values in memory:
+            k, q_shape = self._aligned(keys, size)
+            v, _ = self._aligned(values, size)
+            # a product-and-sum over d_head: short contractions beat many tiny matmuls
+            scores.append((q.reshape(B, H, dk, 1, *q_shape) * k).sum(2).reshape(B, H, -1, T))
+            aligned.append((v, q_shape))
+        default = q.new_zeros(B, H, 1, T)  # the default slot: q . 0 = 0
+        # candidates along dim 2 and positions last: the softmax runs over contiguous rows of T
+        w = topk_softmax(torch.cat([default, *scores], 2), self.top_k, dim=2)  # (B, H, 1+S, T)
+        A = q.new_zeros(B, H, dv, T)
+        start = 1  # the default slot's value is 0: only the real candidates contribute
+        for v, q_shape in aligned:
+            S = v.shape[3]
+            wj = w[:, :, start : start + S].reshape(B, H, 1, S, *q_shape)
+            A = A + (wj * v).sum(3).reshape(B, H, dv, T)
+            start += S
+        return A.reshape(B, self.value_dim, T), w
+
+    def forward(self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]] = (),
+                return_weights: bool = False):  # fmt: skip
+        if not memory and self.norm is None:
+            # only the default slot: A = 0, so h1 = sigma(0) W_o2 = 0 and the state passes through
+            B, T = state.shape[0], math.prod(state.shape[2:])
+            w = state.new_ones(B, self.num_heads, T, 1)
+            return (state, w) if return_weights else state
+        A, w = self._attend(state, memory)
+        w = w.transpose(2, 3)  # (B, H, T, 1 + S)
+        h1 = torch.matmul(self.out1.weight, A)  # (B, hidden, T)
+        if self.norm is not None:
+            h1 = self.norm(h1)
+        h1 = torch.matmul(self.out2.weight, self.act(h1)).reshape(state.shape)
+        out = state + self.gamma * h1
+        return (out, w) if return_weights else out
+
+
+# ----------------------------------------------------------------------------- Algorithm 1
+
+
+@dataclass
+class NFMOutput:
+    """What :meth:`NFMNetwork.forward` returns with ``return_details=True``.
+
+    Attributes:
+        output: ``h(N)`` of the last pass.
+        states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices).
+        sources: per step (pass-major), how many memory states were attendable.
+        candidates: per step, attendable elements per query position (without the default).
+        reads: ``(K N, 1 + K N)``: per step (row), the mean attention weight on the default slot
+            (column 0) and on each memory state (column ``1 + k N + i`` for ``h(i+1)`` of pass
+            ``k + 1``), summed over a state's candidates and averaged over batch, heads and
+            positions; 0 where a state was not yet written.
+    """
+
+    output: Tensor
+    states: list[list[Tensor]]
+    sources: list[int]
+    candidates: list[int]
+    reads: Tensor
+
+
+class NFMNetwork(nn.Module):
+    """Algorithm 1 of NFM: ``N`` modules run for ``K`` passes, each reading the memory first.
+
+    Args:
+        blocks: the modules ``f_1 .. f_N``; ``f_i`` maps ``(B, dims[i-1], *size)`` to
+            ``(B, dims[i], *size')`` (any spatial sizes, same number of spatial dims).
+        dims: channels ``(C_0, .., C_N)`` of ``h(0) = x`` and of each module's output.
+        passes: ``K``.
+        share_blocks: one set of module parameters for every pass; otherwise ``theta_k`` per
+            pass (Algorithm 1), each pass starting as a copy of ``blocks``.
+        share_attention: likewise for the attention parameters (new ones are initialised
+            independently, all with ``gamma = 0``).
+        **attention: :class:`NFMAttention` arguments (``key_dim``, ``value_dim``, ``num_heads``,
+            ``top_k``, ``hidden_dim``, ``batch_norm``, ``activation``).
+
+    Shapes: ``x`` ``(B, C_0, *size)`` -> ``h(N)`` of the last pass.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], dims: Sequence[int], passes: int = 2,
+                 share_blocks: bool = False, share_attention: bool = False,
+                 **attention):  # fmt: skip
+        super().__init__()
+        blocks = list(blocks)
+        if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+            raise ValueError("blocks must be a non-empty sequence of nn.Module")
+        dims = tuple(dims)
+        if len(dims) != len(blocks) + 1:
+            raise ValueError(
+                f"dims must give C_0 and each block's output channels ({len(blocks) + 1} ints), "
+                f"got {len(dims)}"
+            )
+        for d in dims:
+            _positive_int(d, "dims")
+        _positive_int(passes, "passes")
+        unknown = set(attention) - {"key_dim", "value_dim", "num_heads", "top_k", "hidden_dim",
+                                    "batch_norm", "activation"}  # fmt: skip
+        if unknown:
+            raise ValueError(f"unknown NFMAttention arguments {sorted(unknown)}")
+        self.num_blocks, self.passes, self.dims = len(blocks), passes, dims
+        self.share_blocks, self.share_attention = share_blocks, share_attention
+        n_block_sets = 1 if share_blocks else passes
+        self.blocks = nn.ModuleList(
+            [
+                nn.ModuleList(blocks if p == 0 else copy.deepcopy(blocks))
+                for p in range(n_block_sets)
+            ]
+        )
+        n_attn_sets = 1 if share_attention else passes
+        self.attention = nn.ModuleList(
+            nn.ModuleList(
+                NFMAttention(dims[i], dims[i + 1], **attention) for i in range(len(blocks))
+            )
+            for _ in range(n_attn_sets)
+        )
+
+    def block(self, k: int, i: int) -> nn.Module:
+        """``f_i`` of pass ``k`` (0-based)."""
+        return self.blocks[0 if self.share_blocks else k][i]
+
+    def attn(self, k: int, i: int) -> NFMAttention:
+        """``Attention_i`` of pass ``k`` (0-based)."""
+        return self.attention[0 if self.share_attention else k][i]
+
+    def memory_sizes(self, passes: int | None = None) -> list[int]:
+        """How many memory states each step of Algorithm 1 can attend to (default slot aside):
+        ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k``."""
+        K = self.passes if passes is None else passes
+        return [k * self.num_blocks + i for k in range(K) for i in range(self.num_blocks)]
+
+    def forward(self, x: Tensor, return_details: bool = False, passes: int | None = None):
+        K = self.passes if passes is None else _positive_int(passes, "passes")
+        if K > self.passes and not (self.share_blocks and self.share_attention):
+            raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
+        if x.dim() < 2 or x.shape[1] != self.dims[0]:
+            raise ValueError(f"x must be (batch, {self.dims[0]}, *size), got {tuple(x.shape)}")
+        N = self.num_blocks
+        memory: list[tuple[Tensor, Tensor]] = []
+        sizes: list[tuple[int, ...]] = []
+        states: list[list[Tensor]] = []
+        sources, candidates, reads = [], [], []
+        for k in range(K):
+            h = x  # line 4: every pass starts again from the input
+            states.append([])
+            for i in range(N):
+                attn = self.attn(k, i)
+                if return_details:
+                    size = tuple(h.shape[2:])
+                    counts = [num_candidates(s, size) for s in sizes]
+                    r, w = attn(h, memory, return_weights=True)
+                    # weight on each source: the default, then each state's candidates summed
+                    per_source = [c.sum(-1) for c in w.split([1, *counts], -1)]
+                    row = torch.zeros(1 + K * N, device=w.device)
+                    row[: 1 + len(counts)] = torch.stack(per_source, -1).float().mean((0, 1, 2))
+                    reads.append(row.detach())
+                    sources.append(len(counts))
+                    candidates.append(sum(counts))
+                else:
+                    r = attn(h, memory)
+                h = self.block(k, i)(r)
+                if h.dim() < 2 or h.shape[1] != self.dims[i + 1]:
+                    raise ValueError(
+                        f"block {i + 1} returned {tuple(h.shape)}; dims says {self.dims[i + 1]} channels"
+                    )
+                memory.append(attn.write(h))
+                sizes.append(tuple(h.shape[2:]))
+                states[-1].append(h)
+        if not return_details:
+            return h
+        return NFMOutput(h, states, sources, candidates, torch.stack(reads))
+
+
+# ----------------------------------------------------------------------------- the CNN (App. C)
+
+
+class _PlainBlock(nn.Sequential):
+    """App. C's CNN stage: a stride-2 3x3 convolution that doubles the channels, then a 3x3
+    convolution, each followed by ReLU (no batch norm, as App. C removes it)."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__(
+            nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU(),
+        )  # fmt: skip
+
+
+class _PreActBlock(nn.Module):
+    """A pre-activation residual block (He et al., 2016) that halves the resolution:
+    ``x -> shortcut(x) + conv(relu(bn(conv_s2(relu(bn(x))))))``, the shortcut a strided 1x1
+    convolution. ``norm=False`` drops the batch norms."""
+
+    def __init__(self, cin: int, cout: int, norm: bool = True):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(cin) if norm else nn.Identity()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=not norm)
+        self.bn2 = nn.BatchNorm2d(cout) if norm else nn.Identity()
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=not norm)
+        self.shortcut = nn.Conv2d(cin, cout, 1, stride=2, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn1(x))
+        return self.shortcut(h) + self.conv2(F.relu(self.bn2(self.conv1(h))))
+
+
+class ConvNet(nn.Module):
+    """NFM App. C's CNN for stacked MNIST, optionally with NFM: NFM(CNN).
+
+    A 3x3 stem convolution with ``width`` channels at full resolution, then ``num_blocks`` stages
+    that each halve the resolution and double the channels (``block="plain"``: stride-2 conv +
+    conv, App. C's nine-layer CNN for 4 stages; ``"preact"``: pre-activation residual blocks),
+    then a linear head on the flattened final map. With ``nfm`` (a dict of :class:`NFMNetwork`
+    arguments, e.g. ``{"passes": 2, "top_k": 5}``) the stages run as Algorithm 1's modules: the
+    stem's output is ``x = h(0)`` (it reads nothing, so it runs once), and an NFM attention sits
+    in front of every stage -- after the stem and after each stage but the last.
+
+    Shapes: images ``(B, in_channels, image_size, image_size)`` -> logits ``(B, num_outputs)``.
+    """
+
+    def __init__(self, in_channels: int = 1, num_outputs: int = 10, width: int = 32,
+                 num_blocks: int = 4, image_size: int = 64, block: str = "plain",
+                 norm: bool = False, nfm: dict | None = None):  # fmt: skip
+        super().__init__()
+        for name, v in (("in_channels", in_channels), ("num_outputs", num_outputs),
+                        ("width", width), ("num_blocks", num_blocks), ("image_size", image_size)):  # fmt: skip
+            _positive_int(v, name)
+        if block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+        if image_size % 2**num_blocks:
+            raise ValueError(
+                f"image_size={image_size} must be divisible by 2**num_blocks={2**num_blocks}"
+            )
+        self.dims = tuple(width * 2**i for i in range(num_blocks + 1))
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU())
+        make = (lambda a, b: _PlainBlock(a, b)) if block == "plain" else (
+            lambda a, b: _PreActBlock(a, b, norm))  # fmt: skip
+        stages = [make(self.dims[i], self.dims[i + 1]) for i in range(num_blocks)]
+        for m in [self.stem, *stages]:
+            for conv in m.modules():
+                if isinstance(conv, nn.Conv2d):  # He init: nine plain ReLU layers, no batch norm
+                    nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+                    if conv.bias is not None:
+                        nn.init.zeros_(conv.bias)
+        self.body = nn.Sequential(*stages) if nfm is None else NFMNetwork(stages, self.dims, **nfm)
+        final = image_size // 2**num_blocks
+        self.head = nn.Linear(self.dims[-1] * final * final, num_outputs)
+        self.nfm_config = None if nfm is None else dict(nfm)
+
+    @property
+    def nfm(self) -> NFMNetwork | None:
+        return self.body if isinstance(self.body, NFMNetwork) else None
+
+    def with_nfm(self, **nfm) -> ConvNet:
+        """A copy with NFM added around this network's stages. With ``gamma = 0`` (the
+        initialisation) it computes exactly what this network computes, so NFM can be added to a
+        trained model and trained on from there."""
+        if self.nfm is not None:
+            raise ValueError("this ConvNet already has NFM")
+        new = copy.deepcopy(self)
+        new.body = NFMNetwork(list(new.body), self.dims, **nfm)
+        new.nfm_config = dict(nfm)
+        return new
+
+    def forward(self, x: Tensor, return_details: bool = False):
+        h0 = self.stem(x)
+        if return_details:
+            if self.nfm is None:
+                raise ValueError("return_details needs a ConvNet with NFM")
+            out = self.body(h0, return_details=True)
+            return self.head(out.output.flatten(1)), out
+        return self.head(self.body(h0).flatten(1))
