@@ -259,19 +259,21 @@ def bench_nac_vs_pio(cfg: BenchConfig, device) -> dict:
 
 
 def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
-    """Factorised vs naive read-in: time and activation memory (target >= 10x less memory)."""
+    """Factorised vs naive read-in attention (eq. 4): time and activation memory of the attention
+    itself (the ModFFN after it is the same in both; target >= 10x less memory)."""
     U, N, d, B = cfg.readin_units, cfg.readin_tokens, cfg.readin_dim, cfg.readin_batch
     r = ReadIn(d, d, d).to(device)
     x = torch.randn(B, N, d, device=device)
-    states, codes = torch.randn(U, d, device=device), torch.randn(U, d, device=device)
-    fact = lambda: r(x, states, codes).square().mean()  # noqa: E731
-    naive = lambda: r.naive_forward(x, states, codes).square().mean()  # noqa: E731
+    q = torch.randn(B, U, d, device=device, requires_grad=True)
+    codes = torch.randn(U, d, device=device)
+    fact = lambda: r.attend(x, q, codes).square().mean()  # noqa: E731
+    naive = lambda: r.naive_attend(x, q, codes).square().mean()  # noqa: E731
     rows = []
     for name, fn in (("factorised", fact), ("naive", naive)):
         t = median_time(lambda fn=fn: fn().backward(), max(1, cfg.repeats // 2), 1, device)
         rows.append({"read-in": name, "ms": 1e3 * t, "saved_MiB": saved_bytes(fn) / 2**20})
     ratio = rows[1]["saved_MiB"] / rows[0]["saved_MiB"]
-    return _result(f"read-in memory (U={U}, N={N}, d={d}, batch {B})", rows, ratio,
+    return _result(f"read-in attention memory (U={U}, N={N}, d={d}, batch {B})", rows, ratio,
                    ">= 10x less memory", ratio >= 10,
                    f"naive/factorised time {rows[1]['ms'] / rows[0]['ms']:.2f}x")  # fmt: skip
 
@@ -295,24 +297,39 @@ def _scaling_models(cfg: BenchConfig, n_tokens: int, device):
     }
 
 
+def _adaptive_time(fn, repeats: int, device) -> float:
+    """Median of ``repeats`` timings, or a single one when a call takes over a second."""
+    t = median_time(fn, 1, 1, device)
+    return t if t > 1.0 else median_time(fn, repeats, 0, device)
+
+
 def bench_token_scaling(cfg: BenchConfig, device) -> dict:
-    """Inference time vs number of input tokens N; fitted exponents (NAC/PIO ~1, NI/ViT ~2)."""
-    times: dict[str, list[float]] = {}
-    for n in cfg.tokens:
+    """Inference time vs number of input tokens N; fitted exponents (NAC/PIO ~1, NI/ViT ~2).
+
+    NAC and Perceiver IO go 16x further in N than NI and ViT (``tokens`` then two more
+    quadruplings), since their cost only becomes linear once the read-in outweighs the fixed cost
+    of the propagators."""
+    linear_tokens = tuple(cfg.tokens) + (cfg.tokens[-1] * 4, cfg.tokens[-1] * 16)
+    times: dict[str, dict[int, float]] = {}
+    for n in linear_tokens:
         x = torch.randn(1, n, 8, device=device)
         for name, model in _scaling_models(cfg, n, device).items():
+            if name in ("NI", "ViT") and n > cfg.tokens[-1]:
+                continue
             model.eval()
             with torch.inference_mode():
-                t = median_time(lambda model=model: model(x), cfg.repeats, 1, device)
-            times.setdefault(name, []).append(t)
-    rows = [{"tokens": n, **{f"{k}_ms": 1e3 * v[i] for k, v in times.items()}}
-            for i, n in enumerate(cfg.tokens)]  # fmt: skip
-    # exponents from the two largest sizes, where the leading term dominates
-    exps = {k: fit_exponent(cfg.tokens[-2:], v[-2:]) for k, v in times.items()}
-    linear_ok = exps["NAC"] < 1.4 and exps["Perceiver IO"] < 1.4
+                times.setdefault(name, {})[n] = _adaptive_time(
+                    lambda m=model: m(x), cfg.repeats, device
+                )
+    rows = [{"tokens": n, **{f"{k}_ms": 1e3 * v[n] for k, v in times.items() if n in v}}
+            for n in linear_tokens]  # fmt: skip
+    # exponents from the two largest sizes of each model, where the leading term dominates
+    exps = {k: fit_exponent(list(v)[-2:], list(v.values())[-2:]) for k, v in times.items()}
+    ok = (exps["NAC"] < 1.3 and exps["Perceiver IO"] < 1.3 and exps["NI"] > 1.5
+          and exps["ViT"] > 1.5)  # fmt: skip
     note = ", ".join(f"{k} ~ N^{e:.2f}" for k, e in exps.items())
     return {**_result("scaling with input tokens N", rows, exps["NAC"],
-                      "NAC / PIO near N^1, NI / ViT near N^2", linear_ok, note),
+                      "NAC / PIO near N^1, NI / ViT near N^2", ok, note),
             "exponents": exps}  # fmt: skip
 
 

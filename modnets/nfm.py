@@ -69,10 +69,12 @@ __all__ = [
     "NFMOutput",
     "NFMNetwork",
     "ConvNet",
+    "PLACEMENTS",
 ]
 
 ACTIVATIONS = ("relu", "gelu")
 BLOCKS = ("plain", "preact")
+POOLS = ("flatten", "max", "mean")
 
 
 def _positive_int(value, name: str) -> int:
@@ -243,13 +245,9 @@ class NFMAttention(nn.Module):
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         if not isinstance(batch_norm, bool):
             raise TypeError(f"batch_norm must be a bool, got {type(batch_norm).__name__}")
-        self.dim, self.memory_dim, self.key_dim, self.value_dim = (
-            dim,
-            memory_dim,
-            key_dim,
-            value_dim,
-        )
-        self.num_heads, self.top_k, self.hidden_dim = num_heads, top_k, hidden_dim
+        self.dim, self.memory_dim, self.hidden_dim = dim, memory_dim, hidden_dim
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.num_heads, self.top_k = num_heads, top_k
         # No biases: with them the default slot's zero key and value would not stay zero, and a
         # module that reads nothing would still add something to its input.
         self.query = nn.Linear(dim, key_dim, bias=False)
@@ -276,72 +274,52 @@ class NFMAttention(nn.Module):
             )
         return self._linear(self.key, state), self._linear(self.value, state)
 
-    def _aligned(self, x: Tensor, size: tuple[int, ...]) -> tuple[Tensor, list[int]]:
-        """A memory tensor ``(B, H d, *src)`` as ``(B, H, d, S, *coarse')`` that broadcasts against
-        the query viewed as ``(B, H, d, 1, *q_shape)``: :func:`rescale` without materialising the
-        upsampled copies. An axis upsampled by an integer ratio ``r`` is ``(s, 1)`` here and
-        ``(s, r)`` in the query (nearest upsampling repeats each entry ``r`` times); other ratios
-        are upsampled first; SpaceToDepth moves each window into ``S``."""
-        B, D, *src = x.shape
-        if len(src) != len(size):
-            raise ValueError(
-                f"a state of spatial size {tuple(src)} cannot be read at size {size}: "
-                "every state of an NFM network needs the same number of spatial dims"
-            )
-        grown = [d if s < d and d % s else s for s, d in zip(src, size, strict=True)]
-        if grown != src:
-            x, src = F.interpolate(x, size=grown, mode="nearest"), grown
-        x = space_to_depth(x, _factors(src, size))  # (B, S, D, *min(src, size))
-        S, coarse = x.shape[1], x.shape[3:]
-        H = self.num_heads
-        x = x.reshape(B, S, H, D // H, *coarse).movedim(1, 3)  # (B, H, d, S, *coarse)
-        k_shape, q_shape = [], []
-        for s, d in zip(coarse, size, strict=True):
-            k_shape += [s, 1] if s < d else [s]
-            q_shape += [s, d // s] if s < d else [d]
-        x = x.view(B, H, D // H, S, *k_shape)  # inserting size-1 dims is always a view
-        return x, q_shape
-
     def _attend(
         self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]]
     ) -> tuple[Tensor, Tensor]:
-        if state.dim() < 2 or state.shape[1] != self.dim:
-            raise ValueError(
-                f"state must be (batch, dim={self.dim}, *size), got {tuple(state.shape)}"
-            )
+        """``A`` ``(B, value_dim, T)`` and the weights ``(B, 1 + S, H, T)``."""
         B, _, *size = state.shape
-        size = tuple(size)
+        for keys, values in memory:
+            if keys.shape[:2] != (B, self.key_dim) or values.shape[:2] != (B, self.value_dim):
+                raise ValueError(
+                    f"memory entries must be (keys (batch={B}, key_dim={self.key_dim}, ...), "
+                    f"values (batch, value_dim={self.value_dim}, ...)), got "
+                    f"{tuple(keys.shape)} and {tuple(values.shape)}"
+                )
         T, H = math.prod(size), self.num_heads
         dk, dv = self.key_dim // H, self.value_dim // H
-        q = self._linear(self.query, state).reshape(B, H, dk, 1, *size) / math.sqrt(dk)
-        scores, aligned = [], []
-        for keys, values in memory:
-            k, q_shape = self._aligned(keys, size)
-            v, _ = self._aligned(values, size)
-            # a product-and-sum over d_head: short contractions beat many tiny matmuls
-            scores.append((q.reshape(B, H, dk, 1, *q_shape) * k).sum(2).reshape(B, H, -1, T))
-            aligned.append((v, q_shape))
-        default = q.new_zeros(B, H, 1, T)  # the default slot: q . 0 = 0
-        # candidates along dim 2 and positions last: the softmax runs over contiguous rows of T
-        w = topk_softmax(torch.cat([default, *scores], 2), self.top_k, dim=2)  # (B, H, 1+S, T)
-        A = q.new_zeros(B, H, dv, T)
-        start = 1  # the default slot's value is 0: only the real candidates contribute
-        for v, q_shape in aligned:
-            S = v.shape[3]
-            wj = w[:, :, start : start + S].reshape(B, H, 1, S, *q_shape)
-            A = A + (wj * v).sum(3).reshape(B, H, dv, T)
-            start += S
+        q = self._linear(self.query, state).reshape(B, 1, H, dk, T) / math.sqrt(dk)
+        # every state at the query's size, (B, S, H, d_head, T): candidates outermost and
+        # positions innermost, so the products below run over long contiguous rows
+        if memory:
+            keys = torch.cat([rescale(k, size) for k, _ in memory], 1)
+            values = torch.cat([rescale(v, size) for _, v in memory], 1)
+        else:  # only the default slot
+            keys = state.new_zeros(B, 0, self.key_dim, *size)
+            values = state.new_zeros(B, 0, self.value_dim, *size)
+        S = keys.shape[1]
+        keys, values = keys.reshape(B, S, H, dk, T), values.reshape(B, S, H, dv, T)
+        # a product-and-sum over d_head: short contractions beat many tiny matmuls
+        scores = (q * keys).sum(3)  # (B, S, H, T)
+        default = scores.new_zeros(B, 1, H, T)  # the default slot: q . 0 = 0
+        w = topk_softmax(torch.cat([default, scores], 1), self.top_k, dim=1)  # (B, 1+S, H, T)
+        # the default slot's value is 0: only the real candidates contribute
+        A = (w[:, 1:, :, None] * values).sum(1)  # (B, H, dv, T)
         return A.reshape(B, self.value_dim, T), w
 
     def forward(self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]] = (),
                 return_weights: bool = False):  # fmt: skip
+        if state.dim() < 2 or state.shape[1] != self.dim:
+            raise ValueError(
+                f"state must be (batch, dim={self.dim}, *size), got {tuple(state.shape)}"
+            )
         if not memory and self.norm is None:
             # only the default slot: A = 0, so h1 = sigma(0) W_o2 = 0 and the state passes through
             B, T = state.shape[0], math.prod(state.shape[2:])
             w = state.new_ones(B, self.num_heads, T, 1)
             return (state, w) if return_weights else state
         A, w = self._attend(state, memory)
-        w = w.transpose(2, 3)  # (B, H, T, 1 + S)
+        w = w.permute(0, 2, 3, 1)  # (B, H, T, 1 + S)
         h1 = torch.matmul(self.out1.weight, A)  # (B, hidden, T)
         if self.norm is not None:
             h1 = self.norm(h1)
@@ -358,11 +336,12 @@ class NFMOutput:
     """What :meth:`NFMNetwork.forward` returns with ``return_details=True``.
 
     Attributes:
-        output: ``h(N)`` of the last pass.
-        states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices).
-        sources: per step (pass-major), how many memory states were attendable.
-        candidates: per step, attendable elements per query position (without the default).
-        reads: ``(K N, 1 + K N)``: per step (row), the mean attention weight on the default slot
+        output: what the network returns (the last pass's ``h(N)``, or ``h~(N)`` for "after").
+        states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices), the module
+            output that was written to the memory.
+        sources: per read (pass-major), how many memory states were attendable.
+        candidates: per read, attendable elements per query position (without the default).
+        reads: ``(K N, 1 + K N)``: per read (row), the mean attention weight on the default slot
             (column 0) and on each memory state (column ``1 + k N + i`` for ``h(i+1)`` of pass
             ``k + 1``), summed over a state's candidates and averaged over batch, heads and
             positions; 0 where a state was not yet written.
@@ -375,14 +354,27 @@ class NFMOutput:
     reads: Tensor
 
 
+PLACEMENTS = ("before", "after")
+
+
 class NFMNetwork(nn.Module):
-    """Algorithm 1 of NFM: ``N`` modules run for ``K`` passes, each reading the memory first.
+    """Algorithm 1 of NFM: ``N`` modules run for ``K`` passes, each reading the memory.
+
+    ``placement="before"`` is Algorithm 1 as printed: module ``i`` first reads with ``h(i-1)`` as
+    the query, then computes ``h(i) = f_i(h(i-1) + gamma R)``; the memory at step ``i`` of pass
+    ``k`` holds ``(k - 1) N + (i - 1)`` states (``x`` is never written). ``"after"`` puts the
+    read after each module instead -- "NFM after each block" (NFM App. B) -- so module ``i``
+    computes ``h(i) = f_i(h~(i-1))``, writes ``h(i)``, then reads with ``h(i)`` as the query:
+    ``h~(i) = h(i) + gamma R``; the memory then holds ``(k - 1) N + i`` states, the query's own
+    among them. The two differ only at the ends: "after" has no read of ``x`` and one read of
+    ``h(N)``.
 
     Args:
         blocks: the modules ``f_1 .. f_N``; ``f_i`` maps ``(B, dims[i-1], *size)`` to
             ``(B, dims[i], *size')`` (any spatial sizes, same number of spatial dims).
         dims: channels ``(C_0, .., C_N)`` of ``h(0) = x`` and of each module's output.
         passes: ``K``.
+        placement: ``"before"`` (Algorithm 1) or ``"after"`` each module.
         share_blocks: one set of module parameters for every pass; otherwise ``theta_k`` per
             pass (Algorithm 1), each pass starting as a copy of ``blocks``.
         share_attention: likewise for the attention parameters (new ones are initialised
@@ -390,12 +382,12 @@ class NFMNetwork(nn.Module):
         **attention: :class:`NFMAttention` arguments (``key_dim``, ``value_dim``, ``num_heads``,
             ``top_k``, ``hidden_dim``, ``batch_norm``, ``activation``).
 
-    Shapes: ``x`` ``(B, C_0, *size)`` -> ``h(N)`` of the last pass.
+    Shapes: ``x`` ``(B, C_0, *size)`` -> the last pass's ``h(N)`` ("before") or ``h~(N)``.
     """
 
     def __init__(self, blocks: Sequence[nn.Module], dims: Sequence[int], passes: int = 2,
-                 share_blocks: bool = False, share_attention: bool = False,
-                 **attention):  # fmt: skip
+                 placement: str = "before", share_blocks: bool = False,
+                 share_attention: bool = False, **attention):  # fmt: skip
         super().__init__()
         blocks = list(blocks)
         if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
@@ -409,11 +401,14 @@ class NFMNetwork(nn.Module):
         for d in dims:
             _positive_int(d, "dims")
         _positive_int(passes, "passes")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         unknown = set(attention) - {"key_dim", "value_dim", "num_heads", "top_k", "hidden_dim",
                                     "batch_norm", "activation"}  # fmt: skip
         if unknown:
             raise ValueError(f"unknown NFMAttention arguments {sorted(unknown)}")
         self.num_blocks, self.passes, self.dims = len(blocks), passes, dims
+        self.placement = placement
         self.share_blocks, self.share_attention = share_blocks, share_attention
         n_block_sets = 1 if share_blocks else passes
         self.blocks = nn.ModuleList(
@@ -422,10 +417,12 @@ class NFMNetwork(nn.Module):
                 for p in range(n_block_sets)
             ]
         )
+        # module i reads with h(i-1) ("before") or h(i) ("after") and writes h(i)
+        query_dims = dims[:-1] if placement == "before" else dims[1:]
         n_attn_sets = 1 if share_attention else passes
         self.attention = nn.ModuleList(
             nn.ModuleList(
-                NFMAttention(dims[i], dims[i + 1], **attention) for i in range(len(blocks))
+                NFMAttention(query_dims[i], dims[i + 1], **attention) for i in range(len(blocks))
             )
             for _ in range(n_attn_sets)
         )
@@ -439,10 +436,11 @@ class NFMNetwork(nn.Module):
         return self.attention[0 if self.share_attention else k][i]
 
     def memory_sizes(self, passes: int | None = None) -> list[int]:
-        """How many memory states each step of Algorithm 1 can attend to (default slot aside):
-        ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k``."""
+        """How many memory states each read can attend to (default slot aside), in order:
+        ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k`` for "before", one more for "after"."""
         K = self.passes if passes is None else passes
-        return [k * self.num_blocks + i for k in range(K) for i in range(self.num_blocks)]
+        extra = 0 if self.placement == "before" else 1
+        return [k * self.num_blocks + i + extra for k in range(K) for i in range(self.num_blocks)]
 
     def forward(self, x: Tensor, return_details: bool = False, passes: int | None = None):
         K = self.passes if passes is None else _positive_int(passes, "passes")
@@ -455,25 +453,30 @@ class NFMNetwork(nn.Module):
         sizes: list[tuple[int, ...]] = []
         states: list[list[Tensor]] = []
         sources, candidates, reads = [], [], []
+
+        def read(attn: NFMAttention, h: Tensor) -> Tensor:
+            if not return_details:
+                return attn(h, memory)
+            size = tuple(h.shape[2:])
+            counts = [num_candidates(s, size) for s in sizes]
+            r, w = attn(h, memory, return_weights=True)
+            # weight on each source: the default, then each state's candidates summed
+            per_source = torch.stack([c.sum(-1) for c in w.split([1, *counts], -1)], -1)
+            row = torch.zeros(1 + K * N, device=w.device)
+            row[: 1 + len(counts)] = per_source.detach().float().mean((0, 1, 2))
+            reads.append(row)
+            sources.append(len(counts))
+            candidates.append(sum(counts))
+            return r
+
         for k in range(K):
             h = x  # line 4: every pass starts again from the input
             states.append([])
             for i in range(N):
                 attn = self.attn(k, i)
-                if return_details:
-                    size = tuple(h.shape[2:])
-                    counts = [num_candidates(s, size) for s in sizes]
-                    r, w = attn(h, memory, return_weights=True)
-                    # weight on each source: the default, then each state's candidates summed
-                    per_source = [c.sum(-1) for c in w.split([1, *counts], -1)]
-                    row = torch.zeros(1 + K * N, device=w.device)
-                    row[: 1 + len(counts)] = torch.stack(per_source, -1).float().mean((0, 1, 2))
-                    reads.append(row.detach())
-                    sources.append(len(counts))
-                    candidates.append(sum(counts))
-                else:
-                    r = attn(h, memory)
-                h = self.block(k, i)(r)
+                if self.placement == "before":
+                    h = read(attn, h)
+                h = self.block(k, i)(h)
                 if h.dim() < 2 or h.shape[1] != self.dims[i + 1]:
                     raise ValueError(
                         f"block {i + 1} returned {tuple(h.shape)}; dims says {self.dims[i + 1]} channels"
@@ -481,6 +484,8 @@ class NFMNetwork(nn.Module):
                 memory.append(attn.write(h))
                 sizes.append(tuple(h.shape[2:]))
                 states[-1].append(h)
+                if self.placement == "after":
+                    h = read(attn, h)
         if not return_details:
             return h
         return NFMOutput(h, states, sources, candidates, torch.stack(reads))
@@ -525,22 +530,28 @@ class ConvNet(nn.Module):
     that each halve the resolution and double the channels (``block="plain"``: stride-2 conv +
     conv, App. C's nine-layer CNN for 4 stages; ``"preact"``: pre-activation residual blocks),
     then a linear head on the flattened final map. With ``nfm`` (a dict of :class:`NFMNetwork`
-    arguments, e.g. ``{"passes": 2, "top_k": 5}``) the stages run as Algorithm 1's modules: the
-    stem's output is ``x = h(0)`` (it reads nothing, so it runs once), and an NFM attention sits
-    in front of every stage -- after the stem and after each stage but the last.
+    arguments, e.g. ``{"passes": 2, "top_k": 5}``) the stages run as Algorithm 1's modules and
+    the stem's output is ``x = h(0)`` (the stem reads nothing, so it runs once). By default an
+    NFM read sits after every stage (``placement="after"``, "NFM after each block" as in NFM
+    App. B): four reads per pass at 1/2 .. 1/16 of the resolution, eight in all for ``K = 2``
+    as in NFM §4.2. ``placement="before"`` reads after the stem and after each stage but the
+    last instead (Algorithm 1 with ``x`` the stem's output, NFM App. F's GAN placement).
 
     Shapes: images ``(B, in_channels, image_size, image_size)`` -> logits ``(B, num_outputs)``.
     """
 
     def __init__(self, in_channels: int = 1, num_outputs: int = 10, width: int = 32,
                  num_blocks: int = 4, image_size: int = 64, block: str = "plain",
-                 norm: bool = False, nfm: dict | None = None):  # fmt: skip
+                 norm: bool = False, pool: str = "flatten",
+                 nfm: dict | None = None):  # fmt: skip
         super().__init__()
         for name, v in (("in_channels", in_channels), ("num_outputs", num_outputs),
                         ("width", width), ("num_blocks", num_blocks), ("image_size", image_size)):  # fmt: skip
             _positive_int(v, name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         if image_size % 2**num_blocks:
             raise ValueError(
                 f"image_size={image_size} must be divisible by 2**num_blocks={2**num_blocks}"
@@ -556,10 +567,15 @@ class ConvNet(nn.Module):
                     nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
                     if conv.bias is not None:
                         nn.init.zeros_(conv.bias)
-        self.body = nn.Sequential(*stages) if nfm is None else NFMNetwork(stages, self.dims, **nfm)
+        self.body = nn.Sequential(*stages) if nfm is None else self._nfm(stages, nfm)
         final = image_size // 2**num_blocks
-        self.head = nn.Linear(self.dims[-1] * final * final, num_outputs)
+        self.pool = pool
+        features = self.dims[-1] * (final * final if pool == "flatten" else 1)
+        self.head = nn.Linear(features, num_outputs)
         self.nfm_config = None if nfm is None else dict(nfm)
+
+    def _nfm(self, stages, nfm: dict) -> NFMNetwork:
+        return NFMNetwork(stages, self.dims, **{"placement": "after", **nfm})
 
     @property
     def nfm(self) -> NFMNetwork | None:
@@ -572,7 +588,7 @@ class ConvNet(nn.Module):
         if self.nfm is not None:
             raise ValueError("this ConvNet already has NFM")
         new = copy.deepcopy(self)
-        new.body = NFMNetwork(list(new.body), self.dims, **nfm)
+        new.body = new._nfm(list(new.body), nfm)
         new.nfm_config = dict(nfm)
         return new
 
@@ -582,5 +598,12 @@ class ConvNet(nn.Module):
             if self.nfm is None:
                 raise ValueError("return_details needs a ConvNet with NFM")
             out = self.body(h0, return_details=True)
-            return self.head(out.output.flatten(1)), out
-        return self.head(self.body(h0).flatten(1))
+            return self._head(out.output), out
+        return self._head(self.body(h0))
+
+    def _head(self, h: Tensor) -> Tensor:
+        if self.pool == "max":
+            h = h.amax((2, 3))
+        elif self.pool == "mean":
+            h = h.mean((2, 3))
+        return self.head(h.flatten(1))

@@ -102,6 +102,24 @@ class _Modulated(nn.Module):
             f"code_features={self.code_features}, bias={self.bias is not None}"
         )
 
+    def _modulated_linear(self, x: Tensor, m: Tensor) -> Tensor:
+        """``W (x * m) + b``. When one code serves many rows (NI's streams: x ``(..., U, T, d)``
+        with m ``(U, 1, d)``) and there are more rows than weights, scaling the columns of ``W``
+        once per code (``W diag(m_u)``) is cheaper than scaling every row of ``x``: same result,
+        fewer element-wise operations forward and backward (measured in ``bench``)."""
+        if (
+            m.dim() == 3
+            and m.shape[1] == 1
+            and x.dim() >= 3
+            and x.shape[-3] == m.shape[0]
+            and x.shape[-2] > 1
+            and x[..., 0].numel() > m.shape[0] * self.out_features
+        ):
+            w = m[:, 0, None, :] * self.weight  # (U, d_out, d_in)
+            y = torch.einsum("...utd,ued->...ute", x, w)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x * m, self.weight, self.bias)
+
 
 class ModLin(_Modulated):
     """Modulated linear layer, NI eq. 4: ``y = W (x * LayerNorm(W_c c)) + b``.
@@ -123,7 +141,7 @@ class ModLin(_Modulated):
 
     def forward(self, x: Tensor, code: Tensor) -> Tensor:
         _check_inputs(self, x, code)
-        return F.linear(x * self.modulation(code), self.weight, self.bias)
+        return self._modulated_linear(x, self.modulation(code))
 
 
 class ModFC(_Modulated):
@@ -154,7 +172,7 @@ class ModFC(_Modulated):
 
     def forward(self, x: Tensor, code: Tensor) -> Tensor:
         _check_inputs(self, x, code)
-        return F.linear(x * self.modulation(code), self.weight, self.bias)
+        return self._modulated_linear(x, self.modulation(code))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", alpha_init={self._alpha_init}"
