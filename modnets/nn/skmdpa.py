@@ -112,7 +112,11 @@ class SKMDPA(nn.Module):
         elif sig_q is None or sig_k is None:
             raise ValueError("give both signatures (sig_q, sig_k) or neither (a dense kernel)")
         else:
-            K = self.kernel(link_probabilities(sig_q, sig_k, self.bandwidth))
+            # in float32 even under autocast: a bf16 Concrete sample rounds 1 - 1e-6 to 1 and
+            # its logit (and gradient) to infinity
+            dt = torch.promote_types(sig_q.dtype, torch.float32)
+            with torch.autocast(sig_q.device.type, enabled=False):
+                K = self.kernel(link_probabilities(sig_q.to(dt), sig_k.to(dt), self.bandwidth))
         if key_mask is not None:
             K = K * key_mask.to(K.dtype)
         if edge_mask is not None:
