@@ -37,8 +37,11 @@ Choices where the paper is silent or ambiguous (each explained in chapter 11):
 * the key and value of a state are computed by the module that wrote it (``W_k``, ``W_v`` of
   module ``j`` for ``h(j)``), once, before rescaling -- a position-wise linear map commutes with
   nearest upsampling and SpaceToDepth, so this equals projecting after rescaling;
-* the query state itself is in the memory from step 2 on (Algorithm 1 appends ``h(i-1)`` before
-  step ``i``); the input ``x = h(0)`` is not;
+* the memory holds the outputs of every earlier module of every pass so far -- the query state
+  ``h(i-1)`` itself from step 2 on -- but never the input ``x = h(0)``, which Algorithm 1 does
+  not append; so module 1 of pass 1 reads only the default slot;
+* Algorithm 1 reads *before* each module; "NFM after each block" (App. B) is the same memory
+  with the read after each module, its query the module's output (``placement``);
 * the default slot is one of the candidates of the top-k (the paper appends it "to the list of
   keys and values"), so with the default at most ``k`` weights are non-zero per row;
 * no biases in the projections: a module whose heads all read the default slot adds exactly
@@ -336,9 +339,9 @@ class NFMOutput:
     """What :meth:`NFMNetwork.forward` returns with ``return_details=True``.
 
     Attributes:
-        output: what the network returns (the last pass's ``h(N)``, or ``h~(N)`` for "after").
-        states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices), the module
-            output that was written to the memory.
+        output: ``h(N)`` of the last pass.
+        states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices), as written
+            to the memory.
         sources: per read (pass-major), how many memory states were attendable.
         candidates: per read, attendable elements per query position (without the default).
         reads: ``(K N, 1 + K N)``: per read (row), the mean attention weight on the default slot
@@ -361,13 +364,12 @@ class NFMNetwork(nn.Module):
     """Algorithm 1 of NFM: ``N`` modules run for ``K`` passes, each reading the memory.
 
     ``placement="before"`` is Algorithm 1 as printed: module ``i`` first reads with ``h(i-1)`` as
-    the query, then computes ``h(i) = f_i(h(i-1) + gamma R)``; the memory at step ``i`` of pass
-    ``k`` holds ``(k - 1) N + (i - 1)`` states (``x`` is never written). ``"after"`` puts the
-    read after each module instead -- "NFM after each block" (NFM App. B) -- so module ``i``
-    computes ``h(i) = f_i(h~(i-1))``, writes ``h(i)``, then reads with ``h(i)`` as the query:
-    ``h~(i) = h(i) + gamma R``; the memory then holds ``(k - 1) N + i`` states, the query's own
-    among them. The two differ only at the ends: "after" has no read of ``x`` and one read of
-    ``h(N)``.
+    the query, then computes ``h(i) = f_i(h(i-1) + gamma R)`` and writes it to the memory.
+    ``"after"`` reads after the module instead -- "NFM after each block" (NFM App. B): with
+    ``b = f_i(h(i-1))`` as the query, ``h(i) = b + gamma R``, and ``h(i)`` is written. Either
+    way the memory at module ``i`` of pass ``k`` holds ``(k - 1) N + (i - 1)`` states: the
+    outputs of every earlier module of every pass so far (``x`` is never written), so module 1
+    of pass 1 has nothing to read but the default slot.
 
     Args:
         blocks: the modules ``f_1 .. f_N``; ``f_i`` maps ``(B, dims[i-1], *size)`` to
@@ -382,7 +384,7 @@ class NFMNetwork(nn.Module):
         **attention: :class:`NFMAttention` arguments (``key_dim``, ``value_dim``, ``num_heads``,
             ``top_k``, ``hidden_dim``, ``batch_norm``, ``activation``).
 
-    Shapes: ``x`` ``(B, C_0, *size)`` -> the last pass's ``h(N)`` ("before") or ``h~(N)``.
+    Shapes: ``x`` ``(B, C_0, *size)`` -> ``h(N)`` of the last pass.
     """
 
     def __init__(self, blocks: Sequence[nn.Module], dims: Sequence[int], passes: int = 2,
@@ -417,7 +419,7 @@ class NFMNetwork(nn.Module):
                 for p in range(n_block_sets)
             ]
         )
-        # module i reads with h(i-1) ("before") or h(i) ("after") and writes h(i)
+        # module i reads with h(i-1) ("before") or f_i(h(i-1)) ("after") and writes h(i)
         query_dims = dims[:-1] if placement == "before" else dims[1:]
         n_attn_sets = 1 if share_attention else passes
         self.attention = nn.ModuleList(
@@ -437,10 +439,9 @@ class NFMNetwork(nn.Module):
 
     def memory_sizes(self, passes: int | None = None) -> list[int]:
         """How many memory states each read can attend to (default slot aside), in order:
-        ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k`` for "before", one more for "after"."""
+        ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k``."""
         K = self.passes if passes is None else passes
-        extra = 0 if self.placement == "before" else 1
-        return [k * self.num_blocks + i + extra for k in range(K) for i in range(self.num_blocks)]
+        return [k * self.num_blocks + i for k in range(K) for i in range(self.num_blocks)]
 
     def forward(self, x: Tensor, return_details: bool = False, passes: int | None = None):
         K = self.passes if passes is None else _positive_int(passes, "passes")
@@ -481,11 +482,11 @@ class NFMNetwork(nn.Module):
                     raise ValueError(
                         f"block {i + 1} returned {tuple(h.shape)}; dims says {self.dims[i + 1]} channels"
                     )
-                memory.append(attn.write(h))
-                sizes.append(tuple(h.shape[2:]))
-                states[-1].append(h)
                 if self.placement == "after":
                     h = read(attn, h)
+                memory.append(attn.write(h))  # line 12: M.append(h(i))
+                sizes.append(tuple(h.shape[2:]))
+                states[-1].append(h)
         if not return_details:
             return h
         return NFMOutput(h, states, sources, candidates, torch.stack(reads))
@@ -534,8 +535,9 @@ class ConvNet(nn.Module):
     the stem's output is ``x = h(0)`` (the stem reads nothing, so it runs once). By default an
     NFM read sits after every stage (``placement="after"``, "NFM after each block" as in NFM
     App. B): four reads per pass at 1/2 .. 1/16 of the resolution, eight in all for ``K = 2``
-    as in NFM §4.2. ``placement="before"`` reads after the stem and after each stage but the
-    last instead (Algorithm 1 with ``x`` the stem's output, NFM App. F's GAN placement).
+    as in NFM §4.2 (the first has an empty memory). ``placement="before"`` reads after the stem
+    and after each stage but the last instead (Algorithm 1 with ``x`` the stem's output, as NFM
+    App. F's GAN).
 
     Shapes: images ``(B, in_channels, image_size, image_size)`` -> logits ``(B, num_outputs)``.
     """

@@ -33,7 +33,8 @@ def test_run_trains_checkpoints_and_reloads(env):
     assert [d["fraction"] for d in nac["edges"]] == [0.0, 1.0]
     gflops = [s["gflops"] for s in nac["speed"]]
     assert gflops[0] > gflops[1] > gflops[2] > 0  # compute really shrinks
-    assert len(list((env / "ckpt").glob("tiny_imagenet_*.pt"))) == 2
+    assert len(list((env / "ckpt").glob("tiny_imagenet_*[0-9a-f].pt"))) == 2  # models
+    assert len(list((env / "ckpt").glob("tiny_imagenet_*.train.pt"))) == 2  # resumable states
     json.dumps({k: v for k, v in first.items()})  # JSON-serialisable
     again = ti.run(TINY, profile="smoke", show_progress=False)  # loads the checkpoints
     assert again["models"]["NAC (scale_free)"]["top1"] == nac["top1"]

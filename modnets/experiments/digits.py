@@ -37,6 +37,7 @@ from modnets.experiments.results import save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import (
+    ResumableLoop,
     autocast,
     checkpoint_dir,
     maybe_compile,
@@ -286,43 +287,49 @@ def _select_heads(logits: Tensor, dataset: Tensor) -> Tensor:
 
 
 def pretrain(model: nn.Module, data: DigitsData, config: DigitsConfig, lr: float, desc: str = "pretraining",
-             show_progress: bool = True) -> dict:  # fmt: skip
-    """Multi-task training: each sample trains the head of its dataset (NI §4.2)."""
+             show_progress: bool = True, state_path: str | Path | None = None,
+             resume: bool = False) -> dict:  # fmt: skip
+    """Multi-task training: each sample trains the head of its dataset (NI §4.2).
+
+    With ``state_path`` the training state is checkpointed (every 500 steps, at the end, on
+    Ctrl-C) and ``resume`` continues from it (:class:`~modnets.training.ResumableLoop`)."""
     device = next(model.parameters()).device
     prep = Preprocess(config.randaugment)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
     steps = max(1, config.pretrain_epochs * (len(data.x_train) // config.batch_size))
     sched = warmup_cosine(opt, steps, int(config.warmup_fraction * steps))
-    g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_acc": []}
-    bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = maybe_compile(
-        distributed.wrap(model)
-    )  # DDP under torchrun; each rank trains on its shard
-    step = 0
-    for epoch in range(config.pretrain_epochs):
-        model.train()
-        for idx in minibatches(len(data.x_train), config.batch_size, g):
-            idx = distributed.shard(idx)
-            x = prep(data.x_train[idx].to(device), train=True)
-            y, d = data.y_train[idx].to(device), data.d_train[idx].to(device)
-            with autocast(device):
-                loss = F.cross_entropy(_select_heads(net(x), d).float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            if step % max(1, steps // 100) == 0:
-                history["step"].append(step)
-                history["loss"].append(loss.item())
-            bar.update(1)
-        acc = evaluate(model, data)
-        history["epoch"].append(epoch + 1)
-        history["val_acc"].append(acc)
-        bar.set_postfix(val_acc=" ".join(f"{v:.3f}" for v in acc.values()), refresh=False)
-    bar.close()
+    net = maybe_compile(distributed.wrap(model))  # DDP under torchrun: each rank its shard
+    objects = {"model": model, "optimizer": opt, "scheduler": sched}
+    with ResumableLoop(state_path, objects, history, {**asdict(config), "stage": desc},
+                       config.seed, 500, resume, enabled=distributed.is_main()) as loop:  # fmt: skip
+        bar = progress(total=steps, initial=loop.step, desc=desc,
+                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
+        for _ in loop.epochs(config.pretrain_epochs):
+            model.train()
+            for idx in loop.minibatches(len(data.x_train), config.batch_size):
+                idx = distributed.shard(idx)
+                x = prep(data.x_train[idx].to(device), train=True)
+                y, d = data.y_train[idx].to(device), data.d_train[idx].to(device)
+                with autocast(device):
+                    loss = F.cross_entropy(_select_heads(net(x), d).float(), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                step = loop.step + 1
+                if step % max(1, steps // 100) == 0:
+                    history["step"].append(step)
+                    history["loss"].append(loss.item())
+                loop.step_done()
+                bar.update(1)
+            acc = evaluate(model, data)
+            history["epoch"].append(len(history["epoch"]) + 1)
+            history["val_acc"].append(acc)
+            bar.set_postfix(val_acc=" ".join(f"{v:.3f}" for v in acc.values()), refresh=False)
+            loop.epoch_done()
+        bar.close()
     return history
 
 
@@ -464,7 +471,7 @@ def inferred_types(model: NeuralInterpreter, images: Tensor) -> tuple[Tensor, Te
 
 
 def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, show_progress=True,
-                     cache: bool = True) -> tuple[nn.Module, dict]:  # fmt: skip
+                     cache: bool = True, resume: bool = False) -> tuple[nn.Module, dict]:  # fmt: skip
     """Pretrain ``kind`` ("ni" or "vit"), or load it from an atomic checkpoint of the same config."""
     path = checkpoint_dir() / f"digits_{kind}_{config.key(kind)}.pt"
     seed_everything(config.seed)
@@ -474,7 +481,9 @@ def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, 
         model.load_state_dict(state["model"])
         return model, state["history"]
     lr = config.lr if kind == "ni" else config.vit_lr
-    history = pretrain(model, data, config, lr, f"pretraining {kind.upper()}", show_progress)
+    state = path.with_suffix(".train.pt") if cache else None
+    history = pretrain(model, data, config, lr, f"pretraining {kind.upper()}", show_progress,
+                       state, resume)  # fmt: skip
     if cache and distributed.is_main():
         save_checkpoint({"model": model.state_dict(), "history": history}, path)
     distributed.barrier()
@@ -482,8 +491,10 @@ def pretrained_model(kind: str, config: DigitsConfig, data: DigitsData, device, 
 
 
 def run(config: DigitsConfig | None = None, profile: str | None = None, show_progress: bool = True,
-        keep_models: bool = False, cache: bool = True, root=None, verify: bool = True) -> dict:  # fmt: skip
-    """Every part of the experiment; returns a JSON-serialisable dict (plus models on request)."""
+        keep_models: bool = False, cache: bool = True, root=None, verify: bool = True,
+        resume: bool = False) -> dict:  # fmt: skip
+    """Every part of the experiment; returns a JSON-serialisable dict (plus models on request).
+    ``resume`` continues an interrupted pretraining from its checkpoint."""
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
@@ -494,7 +505,8 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
                      "datasets": list(data.names)}  # fmt: skip
     models = {}
     for kind in ("ni", "vit"):
-        model, history = pretrained_model(kind, config, data, device, show_progress, cache)
+        model, history = pretrained_model(kind, config, data, device, show_progress, cache,
+                                          resume)  # fmt: skip
         models[kind] = model
         results[kind] = {
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -565,15 +577,20 @@ def main(argv: list[str] | None = None) -> None:
         "--no-cache", action="store_true", help="pretrain even if a checkpoint exists"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted pretraining from its checkpoint")  # fmt: skip
     args = parser.parse_args(argv)
     distributed.setup()  # under torchrun: one process per device, data-parallel pretraining
     try:
-        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
+        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache,
+                      resume=args.resume)  # fmt: skip
         if distributed.is_main():
             print(format_summary(results))
             if args.out is not None:
                 save_results(results, args.out)
                 print(f"results written to {args.out}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
     finally:
         distributed.cleanup()
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
+import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,8 +36,9 @@ from modnets.experiments.results import load_results, save_results
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import (
+    ResumableLoop,
+    checkpoint_dir,
     maybe_compile,
-    minibatches,
     r2_score,
     trainable_parameters,
     warmup_cosine,
@@ -174,8 +177,14 @@ def train(
     config: FuzzyBooleanConfig,
     desc: str = "training",
     show_progress: bool = True,
+    state_path: str | Path | None = None,
+    resume: bool = False,
 ) -> dict:
-    """Train the trainable parameters on standardised targets; return a history dict."""
+    """Train the trainable parameters on standardised targets; return a history dict.
+
+    With ``state_path`` the training state is checkpointed (every 500 steps, at the end, on
+    Ctrl-C) and ``resume`` continues from it (:class:`~modnets.training.ResumableLoop`).
+    """
     device = next(model.parameters()).device
     mu, sd = target_scaler(data)
     x_train, y_train = data.x_train.to(device), ((data.y_train - mu) / sd).to(device)
@@ -184,33 +193,41 @@ def train(
     steps_per_epoch = len(x_train) // config.batch_size
     total = max(1, epochs * steps_per_epoch)
     sched = warmup_cosine(opt, total, int(config.warmup_fraction * total))
-    g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "epoch": [], "val_r2": []}
-    bar = progress(total=total, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = maybe_compile(
-        distributed.wrap(model)
-    )  # DDP under torchrun; each rank trains on its shard
-    step = 0
-    for epoch in range(epochs):
-        model.train()
-        for idx in minibatches(len(x_train), config.batch_size, g):
-            idx = distributed.shard(idx).to(device)
-            loss = F.mse_loss(net(x_train[idx])[..., 0], y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            if step % max(1, total // 200) == 0 or step == total:
-                history["step"].append(step)
-                history["loss"].append(loss.item())
-            bar.update(1)
-        r2 = evaluate(model, data)
-        history["epoch"].append(epoch + 1)
-        history["val_r2"].append(r2.mean().item())
-        bar.set_postfix(val_r2=f"{r2.mean().item():.4f}", refresh=False)
-    bar.close()
+    net = maybe_compile(distributed.wrap(model))  # DDP under torchrun: each rank its shard
+    objects = {"model": model, "optimizer": opt, "scheduler": sched}
+    with ResumableLoop(state_path, objects, history, {**asdict(config), "stage": desc},
+                       config.seed, 500, resume, enabled=distributed.is_main()) as loop:  # fmt: skip
+        bar = progress(total=total, initial=loop.step, desc=desc,
+                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
+        for _ in loop.epochs(epochs):
+            model.train()
+            for idx in loop.minibatches(len(x_train), config.batch_size):
+                idx = distributed.shard(idx).to(device)
+                loss = F.mse_loss(net(x_train[idx])[..., 0], y_train[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step = loop.step + 1
+                if step % max(1, total // 200) == 0 or step == total:
+                    history["step"].append(step)
+                    history["loss"].append(loss.item())
+                loop.step_done()
+                bar.update(1)
+            r2 = evaluate(model, data)
+            history["epoch"].append(len(history["epoch"]) + 1)
+            history["val_r2"].append(r2.mean().item())
+            bar.set_postfix(val_r2=f"{r2.mean().item():.4f}", refresh=False)
+            loop.epoch_done()
+        bar.close()
     return history
+
+
+def _state_path(config: FuzzyBooleanConfig, stage: str) -> Path:
+    blob = json.dumps(asdict(config), sort_keys=True, default=str)
+    key = hashlib.sha1(blob.encode()).hexdigest()[:10]
+    return checkpoint_dir() / f"fuzzy_boolean_{stage}_{key}.train.pt"
 
 
 def run(
@@ -218,8 +235,12 @@ def run(
     profile: str | None = None,
     show_progress: bool = True,
     keep_models: bool = False,
+    resume: bool = False,
 ) -> dict:
     """The whole experiment: pretrain, then finetune each regime from the same weights.
+
+    Training states are checkpointed under :func:`modnets.training.checkpoint_dir`; with
+    ``resume`` each stage continues from its checkpoint (a finished stage is just reloaded).
 
     Returns a JSON-serialisable dict (R^2 per function, learning curves, trainable-parameter
     counts, timings). With ``keep_models`` it also holds the trained models under ``"models"``.
@@ -236,9 +257,8 @@ def run(
     model = build_model(config).to(device)
     results: dict = {"profile": profile, "device": str(device), "config": asdict(config)}
     start = time.perf_counter()
-    history = train(
-        model, pre_data, config.pretrain_epochs, config.lr, config, "pretraining", show_progress
-    )
+    history = train(model, pre_data, config.pretrain_epochs, config.lr, config, "pretraining",
+                    show_progress, _state_path(config, "pretrain"), resume)  # fmt: skip
     r2 = evaluate(model, pre_data)
     results["pretrain"] = {
         "r2": r2.tolist(),
@@ -257,7 +277,8 @@ def run(
         n_trainable = set_trainable(ft, regime)
         start = time.perf_counter()
         history = train(ft, new_data, config.finetune_epochs, config.finetune_lr, config,
-                        f"finetune [{regime}]", show_progress)  # fmt: skip
+                        f"finetune [{regime}]", show_progress, _state_path(config, regime),
+                        resume)  # fmt: skip
         r2 = evaluate(ft, new_data)
         results[regime] = {
             "r2": r2.tolist(),
@@ -296,15 +317,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted training from its checkpoints")  # fmt: skip
     args = parser.parse_args(argv)
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
-        results = run(profile=args.profile, show_progress=not args.quiet)
+        results = run(profile=args.profile, show_progress=not args.quiet, resume=args.resume)
         if distributed.is_main():
             print(format_table(results))
             if args.out is not None:
                 save_results(results, args.out)
                 print(f"results written to {args.out}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
     finally:
         distributed.cleanup()
 

@@ -39,10 +39,10 @@ from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.training import (
+    ResumableLoop,
     autocast,
     checkpoint_dir,
     maybe_compile,
-    minibatches,
     save_checkpoint,
     warmup_cosine,
 )
@@ -193,9 +193,15 @@ def _graph_penalty(model: nn.Module) -> Tensor | None:
 
 
 def train(model: nn.Module, data: Data, config: TinyImageNetConfig, lr: float, desc: str = "training",
-          show_progress: bool = True) -> dict:  # fmt: skip
+          show_progress: bool = True, state_path: str | Path | None = None, resume: bool = False,
+          save_every: int = 200) -> dict:  # fmt: skip
     """AdamW with a warm-up + cosine schedule, no weight decay on vectors, codes or signatures
-    (NAC App. C, Table 4); the NAC adds ``graph_weight`` times its graph-prior regulariser."""
+    (NAC App. C, Table 4); the NAC adds ``graph_weight`` times its graph-prior regulariser.
+
+    With ``state_path``, the full training state (model, optimiser, scheduler, RNGs, the position
+    in the epoch) is saved there every ``save_every`` steps, at the end and on Ctrl-C; ``resume``
+    continues from it, ending bit for bit where an uninterrupted run ends (on CPU).
+    """
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     num_classes = config.classes or 200
     augment = None
@@ -206,46 +212,47 @@ def train(model: nn.Module, data: Data, config: TinyImageNetConfig, lr: float, d
     per_epoch = max(1, len(data.x_train) // config.batch_size)
     steps = config.epochs * per_epoch
     sched = warmup_cosine(opt, steps, config.warmup_epochs * per_epoch, floor=config.min_lr / lr)
-    g = torch.Generator().manual_seed(config.seed)
     history = {"step": [], "loss": [], "graph": [], "epoch": [], "val_top1": []}
-    bar = progress(total=steps, desc=desc, disable=not (show_progress and distributed.is_main()))
-    net = maybe_compile(
-        distributed.wrap(model)
-    )  # DDP under torchrun; each rank trains on its shard
-    step = 0
-    for epoch in range(config.epochs):
-        model.train()
-        for idx in minibatches(len(data.x_train), config.batch_size, g):
-            idx = distributed.shard(idx)
-            x, y = data.x_train[idx].to(device), data.y_train[idx].to(device)
-            if augment is None:
-                x, soft = normalize(x), F.one_hot(y, num_classes).float()
-            else:
-                x, soft = augment(x, y)
-            x = x.to(dtype)  # a float64 model (e.g. in tests) gets float64 images
-            with autocast(device):
-                logits = net(x)
-            loss = torch.sum(-soft * F.log_softmax(logits.float(), -1), -1).mean()
-            penalty = _graph_penalty(model)
-            total = loss if penalty is None else loss + config.graph_weight * penalty
-            opt.zero_grad(set_to_none=True)
-            total.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            if step % max(1, steps // 100) == 0 or step == steps:
-                history["step"].append(step)
-                history["loss"].append(
-                    distributed.all_reduce_sum(loss.item()) / distributed.world_size()
-                )
-                history["graph"].append(None if penalty is None else penalty.item())
-            bar.update(1)
-        top1 = evaluate(model, data.x_val, data.y_val, config.eval_batch)["top1"]
-        history["epoch"].append(epoch + 1)
-        history["val_top1"].append(top1)
-        bar.set_postfix(val_top1=f"{top1:.3f}", refresh=False)
-    bar.close()
+    net = maybe_compile(distributed.wrap(model))  # DDP under torchrun: each rank its shard
+    objects = {"model": model, "optimizer": opt, "scheduler": sched}
+    with ResumableLoop(state_path, objects, history, asdict(config), config.seed, save_every,
+                       resume, enabled=distributed.is_main()) as loop:  # fmt: skip
+        bar = progress(total=steps, initial=loop.step, desc=desc,
+                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
+        for _ in loop.epochs(config.epochs):
+            model.train()
+            for idx in loop.minibatches(len(data.x_train), config.batch_size):
+                idx = distributed.shard(idx)
+                x, y = data.x_train[idx].to(device), data.y_train[idx].to(device)
+                if augment is None:
+                    x, soft = normalize(x), F.one_hot(y, num_classes).float()
+                else:
+                    x, soft = augment(x, y)
+                x = x.to(dtype)  # a float64 model (e.g. in tests) gets float64 images
+                with autocast(device):
+                    logits = net(x)
+                loss = torch.sum(-soft * F.log_softmax(logits.float(), -1), -1).mean()
+                penalty = _graph_penalty(model)
+                total = loss if penalty is None else loss + config.graph_weight * penalty
+                opt.zero_grad(set_to_none=True)
+                total.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                step = loop.step + 1
+                if step % max(1, steps // 100) == 0 or step == steps:
+                    mean_loss = distributed.all_reduce_sum(loss.item()) / distributed.world_size()
+                    history["step"].append(step)
+                    history["loss"].append(mean_loss)
+                    history["graph"].append(None if penalty is None else penalty.item())
+                loop.step_done()
+                bar.update(1)
+            top1 = evaluate(model, data.x_val, data.y_val, config.eval_batch)["top1"]
+            history["epoch"].append(len(history["epoch"]) + 1)
+            history["val_top1"].append(top1)
+            bar.set_postfix(val_top1=f"{top1:.3f}", refresh=False)
+            loop.epoch_done()
+        bar.close()
     return history
 
 
@@ -269,7 +276,8 @@ def evaluate(
 
 
 def trained_model(kind: str, config: TinyImageNetConfig, data: Data, device, prior: str | None = "scale_free",
-                  show_progress: bool = True, cache: bool = True) -> tuple[nn.Module, dict]:  # fmt: skip
+                  show_progress: bool = True, cache: bool = True,
+                  resume: bool = False) -> tuple[nn.Module, dict]:  # fmt: skip
     """Train ``kind`` ("nac" or "pio"), or load it from a checkpoint of the same configuration."""
     tag = f"{kind}_{prior}" if kind == "nac" else kind
     path = checkpoint_dir() / f"tiny_imagenet_{tag}_{config.key(tag)}.pt"
@@ -287,7 +295,8 @@ def trained_model(kind: str, config: TinyImageNetConfig, data: Data, device, pri
             model = build_model(kind, config, prior).to(device)
     lr = config.nac_lr if kind == "nac" else config.pio_lr
     name = f"NAC ({prior})" if kind == "nac" else "Perceiver IO"
-    history = train(model, data, config, lr, f"training {name}", show_progress)
+    state = path.with_suffix(".train.pt") if cache else None
+    history = train(model, data, config, lr, f"training {name}", show_progress, state, resume)
     if cache:
         save_checkpoint(
             {"model": model.state_dict(), "history": history, "config": asdict(config)}, path
@@ -374,8 +383,9 @@ def speed_curve(model: nn.Module, fractions, batch: int, repeats: int) -> list[d
 
 
 def run(config: TinyImageNetConfig | None = None, profile: str | None = None, show_progress: bool = True,
-        keep_models: bool = False, cache: bool = True, root=None) -> dict:  # fmt: skip
-    """Train (or load) the models and run every analysis; a JSON-serialisable dict."""
+        keep_models: bool = False, cache: bool = True, root=None, resume: bool = False) -> dict:  # fmt: skip
+    """Train (or load) the models and run every analysis; a JSON-serialisable dict. ``resume``
+    continues an interrupted training from its checkpoint."""
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
@@ -389,7 +399,8 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None, sh
     for kind, prior in runs:
         name = "Perceiver IO" if kind == "pio" else f"NAC ({prior})"
         t0 = time.perf_counter()
-        model, history = trained_model(kind, config, data, device, prior, show_progress, cache)
+        model, history = trained_model(kind, config, data, device, prior, show_progress, cache,
+                                       resume)  # fmt: skip
         models[name] = model
         entry = {
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -437,15 +448,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--no-cache", action="store_true", help="train even if a checkpoint exists")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted training from its checkpoint")  # fmt: skip
     args = parser.parse_args(argv)
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
-        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache)
+        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache,
+                      resume=args.resume)  # fmt: skip
         if distributed.is_main():
             print(format_summary(results))
             if args.out is not None:
                 save_results(results, args.out, exclude=("trained", "data"))
                 print(f"results written to {args.out}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
     finally:
         distributed.cleanup()
 

@@ -1,0 +1,430 @@
+"""Neural Function Modules (NFM §3): sparse top-k reads, rescaling, Algorithm 1 and gamma = 0."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modnets.nfm import (
+    ConvNet,
+    NFMAttention,
+    NFMNetwork,
+    depth_to_space,
+    num_candidates,
+    rescale,
+    space_to_depth,
+    topk_softmax,
+)
+
+# ----------------------------------------------------------------------------- top-k softmax
+
+
+def test_topk_softmax_keeps_the_k_largest_and_renormalises():
+    scores = torch.randn(200, 12)
+    w = torch.softmax(scores, -1)
+    for k in range(1, 12):
+        out = topk_softmax(scores, k)
+        torch.testing.assert_close(out.sum(-1), torch.ones(200))
+        assert ((out > 0).sum(-1) == k).all()  # random scores: no ties, exactly k survive
+        kept = out > 0
+        assert torch.equal(kept, torch.zeros_like(kept).scatter(1, scores.topk(k).indices, True))
+        threshold = w.sort(-1, descending=True).values[:, k : k + 1]  # the (k+1)-th largest
+        ref = (w - threshold).clamp_min(0)
+        torch.testing.assert_close(out, ref / ref.sum(-1, keepdim=True))
+
+
+def test_topk_softmax_is_the_softmax_when_k_covers_the_candidates():
+    scores = torch.randn(5, 6)
+    for k in (6, 7, 50):
+        torch.testing.assert_close(topk_softmax(scores, k), torch.softmax(scores, -1))
+    assert not torch.allclose(topk_softmax(scores, 5), torch.softmax(scores, -1))
+
+
+def test_topk_softmax_along_a_dim_and_tied_rows():
+    scores = torch.randn(3, 7, 4)
+    torch.testing.assert_close(
+        topk_softmax(scores, 2, dim=1), topk_softmax(scores.transpose(1, 2), 2).transpose(1, 2)
+    )
+    # every candidate equal (a zero query): nothing stands out -> all weight on the first (the
+    # default slot in NFMAttention); rows still sum to 1
+    out = topk_softmax(torch.zeros(2, 6), 3)
+    assert torch.equal(out, F.one_hot(torch.zeros(2, dtype=torch.long), 6).float())
+    with pytest.raises(ValueError, match="k must be"):
+        topk_softmax(scores, 0)
+
+
+# ----------------------------------------------------------------------------- rescaling
+
+
+def test_rescale_shapes_and_rules():
+    x1 = torch.randn(2, 3, 8)  # 1-D states
+    assert rescale(x1, (8,)).shape == (2, 1, 3, 8)
+    torch.testing.assert_close(rescale(x1, (8,))[:, 0], x1)  # same size: unchanged
+    torch.testing.assert_close(rescale(x1, (32,))[:, 0], F.interpolate(x1, size=32))  # nearest
+    assert rescale(x1, (2,)).shape == (2, 4, 3, 2)  # SpaceToDepth: 4 candidates per position
+    x2 = torch.randn(2, 3, 16, 16)  # 2-D states
+    assert rescale(x2, (4, 4)).shape == (2, 16, 3, 4, 4)
+    assert rescale(x2, (64, 64)).shape == (2, 1, 3, 64, 64)
+    torch.testing.assert_close(rescale(x2, (48, 48))[:, 0], F.interpolate(x2, size=(48, 48)))
+    # mixed: rows shrink (SpaceToDepth), columns grow (nearest)
+    mixed = rescale(torch.randn(2, 3, 8, 2), (4, 4))
+    assert mixed.shape == (2, 2, 3, 4, 4)
+    assert num_candidates((8, 2), (4, 4)) == 2 and num_candidates((32, 32), (4, 4)) == 64
+    assert num_candidates((2, 2), (8, 8)) == 1
+    with pytest.raises(ValueError, match="SpaceToDepth"):
+        rescale(torch.randn(1, 2, 6), (4,))
+    with pytest.raises(ValueError, match="spatial dims"):
+        rescale(x2, (4,))
+
+
+def test_space_to_depth_loses_nothing():
+    x = torch.arange(2 * 3 * 8 * 12, dtype=torch.float).view(2, 3, 8, 12)
+    y = space_to_depth(x, (2, 3))
+    assert y.shape == (2, 6, 3, 4, 4)
+    assert torch.equal(y.flatten().sort().values, x.flatten())  # a permutation of the entries
+    assert torch.equal(depth_to_space(y, (2, 3)), x)  # and invertible
+    assert torch.equal(rescale(x, (4, 4)), y)
+    # each position's candidates are its own window, row-major (pixel_unshuffle's order)
+    sq = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(
+        rescale(sq, (4, 4)), F.pixel_unshuffle(sq, 2).view(2, 3, 4, 4, 4).transpose(1, 2)
+    )
+    torch.testing.assert_close(rescale(sq, (4, 4))[0, :, 1, 2, 3], sq[0, 1, 4:6, 6:8].flatten())
+    x1 = torch.randn(2, 5, 12)
+    assert torch.equal(depth_to_space(space_to_depth(x1, (4,)), (4,)), x1)
+
+
+# ----------------------------------------------------------------------------- NFMAttention
+
+
+def reference_attention(attn: NFMAttention, state, memory_states, writers):
+    """§3.2.1 written out: project every rescaled state, one head at a time."""
+    B, C, *size = state.shape
+    H = attn.num_heads
+    dk, dv = attn.key_dim // H, attn.value_dim // H
+    q = torch.einsum("oc,bc...->b...o", attn.query.weight, state).reshape(B, -1, attn.key_dim)
+    keys, values = [], []
+    for m, w in zip(memory_states, writers, strict=True):
+        r = rescale(m, size)  # (B, S, C_j, *size): rescale first, then project
+        keys.append(torch.einsum("oc,bsc...->b...so", w.key.weight, r).flatten(1, -3))
+        values.append(torch.einsum("oc,bsc...->b...so", w.value.weight, r).flatten(1, -3))
+    T = q.shape[1]
+    K = torch.cat([torch.zeros(B, T, 1, attn.key_dim), *keys], 2)  # the default slot first
+    V = torch.cat([torch.zeros(B, T, 1, attn.value_dim), *values], 2)
+    heads, weights = [], []
+    for h in range(H):
+        qh, Kh, Vh = (
+            q[..., h * dk : (h + 1) * dk],
+            K[..., h * dk : (h + 1) * dk],
+            V[..., h * dv : (h + 1) * dv],
+        )
+        w = topk_softmax(torch.einsum("btd,btsd->bts", qh, Kh) / math.sqrt(dk), attn.top_k)
+        heads.append(torch.einsum("bts,btsd->btd", w, Vh))
+        weights.append(w)
+    A = torch.cat(heads, -1)  # (B, T, d_v)
+    h1 = attn.out2(torch.relu(attn.out1(A)))  # (B, T, C)
+    out = state + attn.gamma * h1.transpose(1, 2).reshape(state.shape)
+    return out, torch.stack(weights, 1)
+
+
+def test_attention_matches_the_written_out_equations():
+    torch.manual_seed(0)
+    sizes = dict(key_dim=8, value_dim=12, num_heads=2, top_k=3)
+    # float64: weights just above the top-k threshold are renormalised differences
+    writers = [NFMAttention(4, memory_dim=c, **sizes).double() for c in (6, 5, 3)]
+    attn = NFMAttention(4, memory_dim=6, **sizes).double()
+    with torch.no_grad():
+        attn.gamma.fill_(0.7)
+    torch.set_default_dtype(torch.float64)
+    try:
+        state = torch.randn(3, 4, 8, 8)
+        memory_states = [
+            torch.randn(3, 6, 8, 8),
+            torch.randn(3, 5, 16, 16),
+            torch.randn(3, 3, 2, 2),
+        ]
+        memory = [w.write(m) for w, m in zip(writers, memory_states, strict=True)]
+        out, weights = attn(state, memory, return_weights=True)
+        ref, ref_w = reference_attention(attn, state, memory_states, writers)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(weights, ref_w)
+    assert weights.shape == (3, 2, 64, 1 + 1 + 4 + 1)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 64, dtype=torch.float64))
+    assert ((weights > 0).sum(-1) <= 3).all()  # at most k, the default slot included
+    assert ((weights[..., 1:] > 0).sum(-1) <= 3).all()
+
+
+def test_few_candidates_give_the_plain_softmax_with_the_default_slot():
+    torch.manual_seed(1)
+    attn = NFMAttention(4, key_dim=4, value_dim=4, num_heads=1, top_k=5)
+    state, m = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
+    _, w = attn(state, [attn.write(m)], return_weights=True)
+    q = attn.query(state.transpose(1, 2))  # (B, T, d)
+    k = attn.key(m.transpose(1, 2))
+    scores = torch.stack([torch.zeros(2, 6), (q * k).sum(-1) / 2.0], -1)  # default, then m
+    torch.testing.assert_close(w[:, 0], torch.softmax(scores, -1))
+
+
+def test_the_default_slot_lets_a_module_read_nothing():
+    torch.manual_seed(2)
+    attn = NFMAttention(4, top_k=2)
+    with torch.no_grad():
+        attn.gamma.fill_(1.0)
+    state = torch.zeros(2, 4, 5)  # a zero query scores every candidate 0: nothing stands out
+    memory = [attn.write(100 * torch.randn(2, 4, 5)) for _ in range(3)]
+    out, w = attn(state, memory, return_weights=True)
+    assert torch.equal(w[..., 0], torch.ones_like(w[..., 0]))
+    assert torch.equal(out, state)  # no biases: reading nothing adds nothing
+    # and with an empty memory there is only the default slot
+    x = torch.randn(2, 4, 5)
+    out, w = attn(x, [], return_weights=True)
+    assert torch.equal(out, x) and w.shape == (2, 4, 5, 1)
+    # a real query reads something
+    assert not torch.allclose(attn(x, memory), x)
+
+
+def test_keys_are_projected_before_rescaling_as_if_after():
+    """A position-wise linear map commutes with nearest upsampling and SpaceToDepth."""
+    attn = NFMAttention(4, memory_dim=6)
+    m = torch.randn(2, 6, 8, 8)
+    for size in ((2, 2), (8, 8), (32, 32)):
+        before = rescale(attn.write(m)[0], size)
+        after = torch.einsum("oc,bsc...->bso...", attn.key.weight, rescale(m, size))
+        torch.testing.assert_close(before, after)
+
+
+def test_batch_norm_before_the_activation():
+    torch.manual_seed(3)
+    attn = NFMAttention(4, batch_norm=True)
+    assert isinstance(attn.norm, nn.BatchNorm1d)
+    with torch.no_grad():
+        attn.gamma.fill_(1.0)
+    x, m = torch.randn(4, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    out = attn(x, [attn.write(m)])
+    assert out.shape == x.shape and attn.norm.num_batches_tracked == 1
+    A, _ = attn._attend(x, [attn.write(m)])
+    h1 = torch.relu(attn.norm(attn.out1(A.transpose(1, 2)).transpose(1, 2)))
+    ref = x + (attn.out2(h1.transpose(1, 2))).transpose(1, 2).reshape(x.shape)
+    torch.testing.assert_close(out, ref)
+
+
+# ----------------------------------------------------------------------------- Algorithm 1
+
+
+def conv_blocks(channels=(3, 4, 5, 6)):
+    """1-D modules that halve the length: sizes 16 -> 8 -> 4 -> 2."""
+    return [
+        nn.Sequential(nn.Conv1d(a, b, 3, stride=2, padding=1), nn.Tanh())
+        for a, b in zip(channels[:-1], channels[1:], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("placement", ["before", "after"])
+def test_gamma_zero_keeps_the_base_network(placement):
+    """gamma = 0: every pass computes what the wrapped modules compute, so NFM can be added to a
+    trained network without changing it."""
+    torch.manual_seed(4)
+    blocks = conv_blocks()
+    base = nn.Sequential(*blocks)
+    net = NFMNetwork(blocks, (3, 4, 5, 6), passes=2, placement=placement, top_k=2)
+    for p in net.attention.parameters():  # random attention weights, gamma left at 0
+        if p.dim() > 0:
+            nn.init.normal_(p)
+    x = torch.randn(2, 3, 16)
+    out = net(x, return_details=True)
+    torch.testing.assert_close(out.output, base(x))
+    h = x
+    for i, b in enumerate(blocks):
+        h = b(h)
+        torch.testing.assert_close(out.states[0][i], h)  # the first pass is the base network
+        torch.testing.assert_close(out.states[1][i], h)  # and so is the second
+    with torch.no_grad():
+        net.attn(1, 0).gamma.fill_(0.5)
+    assert not torch.allclose(net(x), base(x))  # gamma != 0 changes it
+
+
+def test_convnet_with_nfm_starts_as_the_convnet():
+    torch.manual_seed(5)
+    cnn = ConvNet(width=2, image_size=32, num_blocks=3).eval()
+    x = torch.randn(2, 1, 32, 32)
+    for placement in ("after", "before"):
+        nfm = cnn.with_nfm(passes=2, top_k=5, placement=placement).eval()
+        torch.testing.assert_close(nfm(x), cnn(x))
+    with pytest.raises(ValueError, match="already has NFM"):
+        nfm.with_nfm()
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_attendable_states_at_each_step(passes):
+    """Algorithm 1: the memory grows by one state per module and keeps every earlier pass."""
+    N = 3
+    for placement in ("before", "after"):
+        net = NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=passes, placement=placement)
+        expected = list(range(passes * N))  # (k - 1) N + (i - 1)
+        out = net(torch.randn(2, 3, 16), return_details=True)
+        assert out.sources == expected == net.memory_sizes()
+        assert out.reads.shape == (passes * N, 1 + passes * N)
+        for row, n in zip(out.reads, expected, strict=True):
+            assert (row[1 + n :] == 0).all()  # states not yet written are not read
+            torch.testing.assert_close(row.sum(), torch.tensor(1.0))
+    # attendable positions: h1..h3 have sizes 8, 4, 2; "before" reads at 16, 8, 4 (h0..h2),
+    # "after" at 8, 4, 2 (the module outputs)
+    written = [(8,), (4,), (2,)] * 2
+    for placement, reads_at, literal in (
+        ("before", [(16,), (8,), (4,)], [0, 1, 3, 3, 4, 7]),
+        ("after", [(8,), (4,), (2,)], [0, 2, 5, 3, 6, 11]),
+    ):
+        net = NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=2, placement=placement)
+        out = net(torch.randn(2, 3, 16), return_details=True)
+        expected = [
+            sum(num_candidates(s, reads_at[i]) for s in written[: k * N + i])
+            for k in range(2)
+            for i in range(N)
+        ]
+        assert out.candidates == expected == literal
+
+
+def test_later_passes_read_earlier_passes():
+    """Top-down feedback: perturbing the last module's output of pass 1 changes the first
+    module's output in pass 2, only through the NFM read."""
+    torch.manual_seed(6)
+    net = NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=2, top_k=5)
+    with torch.no_grad():
+        for k in range(2):
+            for i in range(3):
+                net.attn(k, i).gamma.fill_(1.0)
+    x = torch.randn(2, 3, 16)
+    out = net(x, return_details=True)
+    assert (out.reads[3, 1:4] > 0).all()  # pass 2, module 1 reads pass 1's states
+    moved = net.block(0, 2)
+    with torch.no_grad():
+        moved[0].bias.add_(1.0)  # change h3 of pass 1 only
+    out2 = net(x, return_details=True)
+    torch.testing.assert_close(out2.states[0][0], out.states[0][0])
+    assert not torch.allclose(out2.states[1][0], out.states[1][0])
+
+
+def test_parameters_per_pass_or_shared():
+    blocks = conv_blocks()
+    n_block = sum(p.numel() for b in blocks for p in b.parameters())
+    shared = NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=3, share_blocks=True,
+                        share_attention=True)  # fmt: skip
+    per_pass = NFMNetwork(blocks, (3, 4, 5, 6), passes=3)
+    n_attn = sum(p.numel() for p in shared.attention.parameters())
+    assert sum(p.numel() for p in shared.parameters()) == n_block + n_attn
+    assert sum(p.numel() for p in per_pass.parameters()) == 3 * (n_block + n_attn)
+    assert shared.block(0, 1) is shared.block(2, 1) and shared.attn(0, 1) is shared.attn(2, 1)
+    # per pass: copies that start equal and then are free to differ
+    b0, b2 = per_pass.block(0, 1), per_pass.block(2, 1)
+    assert b0 is not b2 and b0 is blocks[1]
+    for p, q in zip(b0.parameters(), b2.parameters(), strict=True):
+        assert torch.equal(p, q) and p is not q
+    x = torch.randn(1, 3, 16)
+    with pytest.raises(ValueError, match="passes"):
+        per_pass(x, passes=4)
+    shared(x, passes=5)  # shared parameters run any number of passes
+
+
+def test_every_attention_parameter_learns_once_gamma_is_nonzero():
+    """All but the first read of the first pass, whose memory is still empty (its keys and
+    values are used: they write its output)."""
+    torch.manual_seed(7)
+    for placement in ("after", "before"):
+        nfm = {"passes": 2, "top_k": 2, "placement": placement}
+        net = ConvNet(width=2, image_size=32, num_blocks=3, nfm=nfm)
+        with torch.no_grad():
+            for p in net.nfm.attention.parameters():
+                if p.dim() == 0:
+                    p.fill_(0.5)
+        net(torch.randn(4, 1, 32, 32)).square().sum().backward()
+        for name, p in net.nfm.attention.named_parameters():
+            if name.startswith("0.0.") and not name.startswith(("0.0.key", "0.0.value")):
+                assert p.grad is None, name  # reads nothing: the default slot only
+            else:
+                assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(8)
+    attn = NFMAttention(3, memory_dim=2, key_dim=4, value_dim=4, num_heads=2, top_k=2).double()
+    with torch.no_grad():
+        attn.gamma.fill_(0.8)
+    state = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    m1 = torch.randn(2, 2, 8, dtype=torch.float64, requires_grad=True)  # SpaceToDepth
+    m2 = torch.randn(2, 2, 2, dtype=torch.float64, requires_grad=True)  # upsampled
+
+    def f(s, a, b):
+        return attn(s, [attn.write(a), attn.write(b)])
+
+    assert torch.autograd.gradcheck(f, (state, m1, m2))
+    net = NFMNetwork(conv_blocks((2, 3, 3)), (2, 3, 3), passes=2, top_k=2).double()
+    with torch.no_grad():
+        for p in net.attention.parameters():
+            if p.dim() == 0:
+                p.fill_(0.6)
+    x = torch.randn(2, 2, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(net, (x,))
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_convnet_shapes_and_reads():
+    torch.manual_seed(9)
+    for block, pool in (("plain", "max"), ("preact", "flatten"), ("plain", "mean")):
+        cnn = ConvNet(width=2, block=block, pool=pool, norm=True)
+        x = torch.randn(3, 1, 64, 64)
+        assert cnn(x).shape == (3, 10)
+        nfm = cnn.with_nfm(passes=2)
+        logits, out = nfm(x, return_details=True)
+        assert logits.shape == (3, 10) and out.reads.shape == (8, 9)
+        assert [s.shape[-1] for s in out.states[1]] == [32, 16, 8, 4]
+    with pytest.raises(ValueError, match="return_details"):
+        cnn(x, return_details=True)
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: NFMAttention(8, num_heads=3, key_dim=12, value_dim=16), "value_dim"),
+        (lambda: NFMAttention(8, num_heads=3), "key_dim"),
+        (lambda: NFMAttention(8, top_k=0), "top_k"),
+        (lambda: NFMAttention(0), "dim"),
+        (lambda: NFMAttention(8, num_heads=2.0), "num_heads"),
+        (lambda: NFMAttention(8, activation="tanh"), "activation"),
+        (lambda: NFMAttention(8, hidden_dim=-1), "hidden_dim"),
+        (lambda: NFMNetwork(conv_blocks(), (3, 4, 5)), "dims"),
+        (lambda: NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=0), "passes"),
+        (lambda: NFMNetwork(conv_blocks(), (3, 4, 5, 6), placement="inside"), "placement"),
+        (lambda: NFMNetwork(conv_blocks(), (3, 4, 5, 6), topk=3), "unknown"),
+        (lambda: NFMNetwork([], (3,)), "blocks"),
+        (lambda: ConvNet(block="dense"), "block"),
+        (lambda: ConvNet(pool="sum"), "pool"),
+        (lambda: ConvNet(image_size=40), "image_size"),
+        (lambda: ConvNet(width=0), "width"),
+    ],
+)
+def test_bad_configs_name_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_bad_inputs_name_the_argument():
+    attn = NFMAttention(4, memory_dim=6)
+    with pytest.raises(ValueError, match="dim=4"):
+        attn(torch.randn(2, 5, 3), [])
+    with pytest.raises(ValueError, match="memory_dim=6"):
+        attn.write(torch.randn(2, 4, 3))
+    with pytest.raises(ValueError, match="key_dim"):
+        attn(torch.randn(2, 4, 3), [(torch.randn(2, 8, 3), torch.randn(2, 16, 3))])
+    with pytest.raises(ValueError, match="spatial dims"):
+        attn(torch.randn(2, 4, 3), [attn.write(torch.randn(2, 6, 3, 3))])
+    net = NFMNetwork(conv_blocks(), (3, 4, 5, 6))
+    with pytest.raises(ValueError, match="x must be"):
+        net(torch.randn(2, 4, 16))
+    with pytest.raises(ValueError, match="dims says"):
+        NFMNetwork(conv_blocks(), (3, 4, 5, 7))(torch.randn(2, 3, 16))
