@@ -5,6 +5,7 @@ from modnets import graphs, profiles, utils
 from modnets.baselines import PerceiverIO, ViT, build_model
 from modnets.data import data_root
 from modnets.nac import NACConfig, NACOutput, NeuralAttentiveCircuit
+from modnets.nfm import NFMAttention, NFMNetwork, NFMOutput
 from modnets.ni import (
     FunctionIteration,
     Interpreter,
@@ -33,6 +34,9 @@ __all__ = [
     "ModAttn",
     "LOC",
     "SKMDPA",
+    "NFMAttention",
+    "NFMNetwork",
+    "NFMOutput",
     "Interpreter",
     "FunctionIteration",
     "Script",

@@ -75,13 +75,18 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module) -> nn.Module:
-    """``DistributedDataParallel(model)`` when distributed, else ``model``."""
+def wrap(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
+    """``DistributedDataParallel(model)`` when distributed, else ``model``.
+
+    ``find_unused_parameters`` is for models where some parameters get no gradient in a step
+    (NFM's attention at a read that only the default slot can serve)."""
     if not is_distributed():
         return model
     device = next(model.parameters()).device
     ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=ids, find_unused_parameters=find_unused_parameters
+    )
 
 
 def unwrap(model: nn.Module) -> nn.Module:

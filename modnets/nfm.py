@@ -24,8 +24,8 @@ The pieces, each a function or class here:
 * :class:`NFMAttention` -- §3.2.1's multi-head attention of one module, with the zero "default"
   key/value that lets a head read nothing, the output ``sigma(BN(A W_o1)) W_o2`` and ``gamma``.
 * :class:`NFMNetwork` -- Algorithm 1 over ``N`` modules and ``K`` passes.
-* :class:`ConvNet` -- NFM §4.2 / App. C's CNN (or a pre-activation ResNet) with NFM in front of
-  each block: the model of the stacked-MNIST experiment.
+* :class:`ConvNet` -- NFM §4.2 / App. C's CNN (or a pre-activation ResNet), optionally with an
+  NFM read after each block: the models of the stacked-MNIST experiment.
 
 Choices where the paper is silent or ambiguous (each explained in chapter 11):
 
@@ -37,13 +37,14 @@ Choices where the paper is silent or ambiguous (each explained in chapter 11):
 * the key and value of a state are computed by the module that wrote it (``W_k``, ``W_v`` of
   module ``j`` for ``h(j)``), once, before rescaling -- a position-wise linear map commutes with
   nearest upsampling and SpaceToDepth, so this equals projecting after rescaling;
-* the memory holds the outputs of every earlier module of every pass so far -- the query state
-  ``h(i-1)`` itself from step 2 on -- but never the input ``x = h(0)``, which Algorithm 1 does
-  not append; so module 1 of pass 1 reads only the default slot;
+* the memory holds the outputs of every earlier module of every pass so far (so with Algorithm
+  1's placement the query ``h(i-1)`` itself, from step 2 on) but never the input ``x = h(0)``,
+  which Algorithm 1 does not append; so module 1 of pass 1 reads only the default slot;
 * Algorithm 1 reads *before* each module; "NFM after each block" (App. B) is the same memory
   with the read after each module, its query the module's output (``placement``);
 * the default slot is one of the candidates of the top-k (the paper appends it "to the list of
-  keys and values"), so with the default at most ``k`` weights are non-zero per row;
+  keys and values"), so with the default at most ``k`` weights are non-zero per row; a row whose
+  ``k + 1`` largest weights tie (a zero query) reads only the default slot;
 * no biases in the projections: a module whose heads all read the default slot adds exactly
   nothing to its input (without batch norm);
 * per-pass parameters (``theta_k`` in Algorithm 1) start as copies of the first pass, so an NFM
@@ -81,8 +82,16 @@ POOLS = ("flatten", "max", "mean")
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _tensor(value, name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
 
 
@@ -271,7 +280,7 @@ class NFMAttention(nn.Module):
     def write(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a state this module wrote: ``(B, key_dim, *size)``,
         ``(B, value_dim, *size)``. Projected before rescaling, once per state."""
-        if state.dim() < 2 or state.shape[1] != self.memory_dim:
+        if _tensor(state, "state").dim() < 2 or state.shape[1] != self.memory_dim:
             raise ValueError(
                 f"state must be (batch, memory_dim={self.memory_dim}, *size), got {tuple(state.shape)}"
             )
@@ -312,7 +321,7 @@ class NFMAttention(nn.Module):
 
     def forward(self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]] = (),
                 return_weights: bool = False):  # fmt: skip
-        if state.dim() < 2 or state.shape[1] != self.dim:
+        if _tensor(state, "state").dim() < 2 or state.shape[1] != self.dim:
             raise ValueError(
                 f"state must be (batch, dim={self.dim}, *size), got {tuple(state.shape)}"
             )
@@ -447,7 +456,7 @@ class NFMNetwork(nn.Module):
         K = self.passes if passes is None else _positive_int(passes, "passes")
         if K > self.passes and not (self.share_blocks and self.share_attention):
             raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
-        if x.dim() < 2 or x.shape[1] != self.dims[0]:
+        if _tensor(x, "x").dim() < 2 or x.shape[1] != self.dims[0]:
             raise ValueError(f"x must be (batch, {self.dims[0]}, *size), got {tuple(x.shape)}")
         N = self.num_blocks
         memory: list[tuple[Tensor, Tensor]] = []
@@ -484,7 +493,8 @@ class NFMNetwork(nn.Module):
                     )
                 if self.placement == "after":
                     h = read(attn, h)
-                memory.append(attn.write(h))  # line 12: M.append(h(i))
+                if k < K - 1 or i < N - 1:  # (no one reads the very last state)
+                    memory.append(attn.write(h))  # line 12: M.append(h(i))
                 sizes.append(tuple(h.shape[2:]))
                 states[-1].append(h)
         if not return_details:
@@ -530,7 +540,8 @@ class ConvNet(nn.Module):
     A 3x3 stem convolution with ``width`` channels at full resolution, then ``num_blocks`` stages
     that each halve the resolution and double the channels (``block="plain"``: stride-2 conv +
     conv, App. C's nine-layer CNN for 4 stages; ``"preact"``: pre-activation residual blocks),
-    then a linear head on the flattened final map. With ``nfm`` (a dict of :class:`NFMNetwork`
+    then a linear head on the final map: flattened (``pool="flatten"``), or its global maximum
+    (``"max"``) or mean (``"mean"``) per channel. With ``nfm`` (a dict of :class:`NFMNetwork`
     arguments, e.g. ``{"passes": 2, "top_k": 5}``) the stages run as Algorithm 1's modules and
     the stem's output is ``x = h(0)`` (the stem reads nothing, so it runs once). By default an
     NFM read sits after every stage (``placement="after"``, "NFM after each block" as in NFM

@@ -3,6 +3,7 @@ argument and says what is allowed (a reader should never meet a bare shape error
 
 import pytest
 import torch
+from torch import nn
 
 import modnets
 from modnets import graphs, profiles
@@ -10,6 +11,7 @@ from modnets.baselines import build_model
 from modnets.benchmarks import run_all
 from modnets.data.digits import load_mnist
 from modnets.data.tiny_imagenet import load_tiny_imagenet
+from modnets.nfm import ConvNet, NFMAttention, NFMNetwork
 from modnets.nn import ConvTokenizer, ModAttn, ModFFN, ModMLP
 from modnets.nn.read_in import ReadIn
 from modnets.training import r2_score, warmup_cosine
@@ -98,6 +100,14 @@ CASES = [
     ("ConvTokenizer image_size", lambda: ConvTokenizer(image_size=60), ValueError, "image_size"),
     ("ConvTokenizer images", lambda: ConvTokenizer(hidden_channels=4, out_channels=4, pos_dim=2)(
      torch.randn(1, 3, 32, 32)), ValueError, "images"),
+    # Neural Function Modules (chapter 11)
+    ("NFMAttention key_dim/heads", lambda: NFMAttention(8, num_heads=3), ValueError, "key_dim"),
+    ("NFMAttention top_k", lambda: NFMAttention(8, top_k=0), ValueError, "top_k"),
+    ("NFMAttention num_heads type", lambda: NFMAttention(8, num_heads=2.0), TypeError, "num_heads"),
+    ("NFMNetwork dims", lambda: NFMNetwork([nn.Identity()], (3,)), ValueError, "dims"),
+    ("NFMNetwork placement", lambda: NFMNetwork([nn.Identity()], (3, 3), placement="x"),
+     ValueError, "placement"),
+    ("ConvNet pool", lambda: ConvNet(pool="sum"), ValueError, "pool"),
     # profiles, data, training, benchmarks
     ("get_profile", lambda: profiles.get_profile("fast"), ValueError, "profile"),
     ("select incomplete", lambda: profiles.select({"cpu": 1}), ValueError, "table"),
