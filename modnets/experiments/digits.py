@@ -15,11 +15,9 @@ Run ``python -m modnets.experiments.digits --profile cpu --out results.json``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,9 +31,10 @@ from modnets import distributed
 from modnets.baselines import ViT
 from modnets.data import data_root
 from modnets.data.digits import load_digits
-from modnets.experiments.results import save_results
+from modnets.experiments.cli import experiment_main
+from modnets.experiments.results import save_results  # noqa: F401 (re-exported for the notebooks)
 from modnets.ni import NeuralInterpreter, NIConfig
-from modnets.profiles import PROFILES, get_profile, select
+from modnets.profiles import get_profile, select
 from modnets.training import (
     ResumableLoop,
     autocast,
@@ -570,29 +569,7 @@ def format_summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument(
-        "--no-cache", action="store_true", help="pretrain even if a checkpoint exists"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue interrupted pretraining from its checkpoint")  # fmt: skip
-    args = parser.parse_args(argv)
-    distributed.setup()  # under torchrun: one process per device, data-parallel pretraining
-    try:
-        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache,
-                      resume=args.resume)  # fmt: skip
-        if distributed.is_main():
-            print(format_summary(results))
-            if args.out is not None:
-                save_results(results, args.out)
-                print(f"results written to {args.out}", file=sys.stderr)
-    except KeyboardInterrupt as err:
-        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
-    finally:
-        distributed.cleanup()
+    experiment_main(run, format_summary, __doc__, argv)
 
 
 if __name__ == "__main__":

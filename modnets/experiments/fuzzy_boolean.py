@@ -17,11 +17,9 @@ Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.js
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,9 +30,10 @@ from torch import nn
 
 from modnets import distributed
 from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_functions
+from modnets.experiments.cli import experiment_main
 from modnets.experiments.results import load_results, save_results
 from modnets.ni import NeuralInterpreter, NIConfig
-from modnets.profiles import PROFILES, get_profile, select
+from modnets.profiles import get_profile, select
 from modnets.training import (
     ResumableLoop,
     checkpoint_dir,
@@ -313,25 +312,7 @@ def format_table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue interrupted training from its checkpoints")  # fmt: skip
-    args = parser.parse_args(argv)
-    distributed.setup()  # under torchrun: one process per device, data-parallel training
-    try:
-        results = run(profile=args.profile, show_progress=not args.quiet, resume=args.resume)
-        if distributed.is_main():
-            print(format_table(results))
-            if args.out is not None:
-                save_results(results, args.out)
-                print(f"results written to {args.out}", file=sys.stderr)
-    except KeyboardInterrupt as err:
-        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
-    finally:
-        distributed.cleanup()
+    experiment_main(run, format_table, __doc__, argv, cache=False)
 
 
 if __name__ == "__main__":

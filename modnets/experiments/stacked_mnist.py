@@ -19,10 +19,8 @@ continues with ``--resume``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -36,9 +34,9 @@ from torch import Tensor, nn
 from modnets import distributed
 from modnets.data.digits import load_mnist
 from modnets.data.stacked_mnist import StackedMNIST, make_canvases
-from modnets.experiments.results import save_results
+from modnets.experiments.cli import experiment_main
 from modnets.nfm import ConvNet
-from modnets.profiles import PROFILES, get_profile, select
+from modnets.profiles import get_profile, select
 from modnets.training import (
     ResumableLoop,
     autocast,
@@ -413,27 +411,7 @@ def format_summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--no-cache", action="store_true", help="train even if a checkpoint exists")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue interrupted training from its checkpoint")  # fmt: skip
-    args = parser.parse_args(argv)
-    distributed.setup()  # under torchrun: one process per device, data-parallel training
-    try:
-        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache,
-                      resume=args.resume)  # fmt: skip
-        if distributed.is_main():
-            print(format_summary(results))
-            if args.out is not None:
-                save_results(results, args.out, exclude=("trained", "data"))
-                print(f"results written to {args.out}", file=sys.stderr)
-    except KeyboardInterrupt as err:
-        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
-    finally:
-        distributed.cleanup()
+    experiment_main(run, format_summary, __doc__, argv, exclude=("trained", "data"))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ their configuration, so the analysis re-runs without retraining.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -34,10 +32,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from modnets import distributed
 from modnets.baselines import PerceiverIO
 from modnets.data.tiny_imagenet import TinyImageNetAugment, load_tiny_imagenet, normalize
-from modnets.experiments.results import save_results
+from modnets.experiments.cli import experiment_main
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
-from modnets.profiles import PROFILES, get_profile, select
+from modnets.profiles import get_profile, select
 from modnets.training import (
     ResumableLoop,
     autocast,
@@ -443,27 +441,7 @@ def format_summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--no-cache", action="store_true", help="train even if a checkpoint exists")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue interrupted training from its checkpoint")  # fmt: skip
-    args = parser.parse_args(argv)
-    distributed.setup()  # under torchrun: one process per device, data-parallel training
-    try:
-        results = run(profile=args.profile, show_progress=not args.quiet, cache=not args.no_cache,
-                      resume=args.resume)  # fmt: skip
-        if distributed.is_main():
-            print(format_summary(results))
-            if args.out is not None:
-                save_results(results, args.out, exclude=("trained", "data"))
-                print(f"results written to {args.out}", file=sys.stderr)
-    except KeyboardInterrupt as err:
-        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
-    finally:
-        distributed.cleanup()
+    experiment_main(run, format_summary, __doc__, argv, exclude=("trained", "data"))
 
 
 if __name__ == "__main__":
