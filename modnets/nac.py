@@ -418,7 +418,7 @@ class NeuralAttentiveCircuit(nn.Module):
                              f"{mask.dtype} {tuple(mask.shape)}")  # fmt: skip
         if not mask.any():
             raise ValueError("processor_mask drops every processor module; keep at least one")
-        return mask
+        return mask.to(self.read_out.head.weight.device)
 
     # -- the graph prior (App. A) -----------------------------------------------------------------
     def graph_loss(self) -> Tensor:

@@ -126,8 +126,8 @@ def _rng_state() -> dict:
 
     state = {"torch": torch.get_rng_state(), "python": random.getstate(),
              "numpy": np.random.get_state()}  # noqa: NPY002  # fmt: skip
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this rank's device only (rank 0 writes the checkpoint)
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -140,7 +140,7 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])  # noqa: NPY002 (seed_everything seeds the legacy state)
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"], device=torch.cuda.current_device())
 
 
 def load_train_state(path: str | os.PathLike, map_location=None) -> dict:
@@ -197,7 +197,7 @@ class ResumableLoop:
             self._load()
 
     def _load(self) -> None:
-        state = load_train_state(self.path)
+        state = load_train_state(self.path, map_location="cpu")  # load_state_dict moves it
         if self.config is not None and state.get("config") not in (None, self.config):
             raise CheckpointError(
                 f"{self.path} was written for another configuration; delete it or drop --resume"
@@ -242,11 +242,14 @@ class ResumableLoop:
                 self._interrupted = True
 
             self._old_handler = signal.signal(signal.SIGINT, handler)
+            # torchrun forwards Ctrl-C to its workers as SIGTERM: treat it the same way
+            self._old_term = signal.signal(signal.SIGTERM, handler)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._old_handler is not None:
             signal.signal(signal.SIGINT, self._old_handler)
+            signal.signal(signal.SIGTERM, self._old_term)
         if exc_type is None:
             self.save()
         return False

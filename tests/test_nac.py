@@ -134,9 +134,13 @@ def test_nac_simulates_perceiver_io():
         torch.testing.assert_close(
             nac(x, processor_mask=mask), pio(x, latent_mask=mask), rtol=1e-5, atol=1e-5
         )
-    # and a default NAC (alpha = 0.1, learned kernel) does not
     cfg = perceiver_io_config(tiny())
     assert cfg.kernel == "dense" and cfg.alpha == 0.0 and cfg.num_readouts == 1
+    # a NAC with the same weights but a learned kernel and alpha = 0.1 does not
+    other = NeuralAttentiveCircuit(tiny(activation="geglu", read_in_heads=2)).eval()
+    other.load_state_dict({k: v for k, v in nac.state_dict().items() if k in other.state_dict()
+                           and other.state_dict()[k].shape == v.shape}, strict=False)  # fmt: skip
+    assert not torch.allclose(other(x), pio(x), atol=1e-3)
 
 
 def test_perceiver_io_drop_latents():

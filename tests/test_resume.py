@@ -68,8 +68,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(data, tmp_path):
     saved = load_train_state(state)
     assert saved["step"] == 5 and saved["epoch"] == 1 and saved["batch_in_epoch"] == 2
 
-    torch.manual_seed(12345)  # the resumed process starts from unrelated RNG states
     second = fresh_model()
+    torch.manual_seed(12345)  # the resumed process starts from unrelated RNG states
     h_resumed = ti.train(second, data, CONFIG, lr=1e-2, show_progress=False, state_path=state,
                          resume=True)  # fmt: skip
     for k, v in straight.state_dict().items():

@@ -295,10 +295,11 @@ def trained_model(kind: str, config: TinyImageNetConfig, data: Data, device, pri
     name = f"NAC ({prior})" if kind == "nac" else "Perceiver IO"
     state = path.with_suffix(".train.pt") if cache else None
     history = train(model, data, config, lr, f"training {name}", show_progress, state, resume)
-    if cache:
+    if cache and distributed.is_main():
         save_checkpoint(
             {"model": model.state_dict(), "history": history, "config": asdict(config)}, path
         )
+    distributed.barrier()
     return model, history
 
 

@@ -146,13 +146,10 @@ class SKMDPA(nn.Module):
             log_k = log_k[:, None]
         # A query with no link at all reads nothing (a zero message), rather than a softmax over
         # -inf that would give NaN.
-        dead = torch.isneginf(log_k).all(-1, keepdim=True)
-        any_dead = bool(dead.any())
-        if any_dead:
-            log_k = log_k.masked_fill(dead, 0.0)
+        dead = torch.isneginf(log_k).all(-1, keepdim=True)  # (no branch: no GPU sync)
+        log_k = log_k.masked_fill(dead, 0.0)
         # softmax(A + log K^) V with A = q.k / sqrt(d_head): the kernel is an additive mask, so the
         # fused attention kernels apply (no (B, H, Uq, Uk) weights kept for backward on CPU/CUDA).
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=log_k)
-        if any_dead:
-            out = out.masked_fill(dead, 0.0)
+        out = out.masked_fill(dead, 0.0)
         return out.transpose(1, 2).reshape(B, Uq, -1)
