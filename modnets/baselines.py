@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.ni import ClassTokenModel, NeuralInterpreter, NIConfig, make_tokenizer
 from modnets.nn.tokens import ClassTokens, Heads
+from modnets.training import weight_decay_groups
 
 __all__ = [
     "TransformerBlock",
@@ -230,15 +231,7 @@ class PerceiverIO(nn.Module):
 
     def parameter_groups(self, weight_decay: float) -> list[dict]:
         """AdamW groups: no weight decay on parameters with ``dim <= 1``, latents or the query."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                free = name in ("latents", "query")
-                (no_decay if p.dim() <= 1 or free else decay).append(p)
-        return [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        return weight_decay_groups(self, weight_decay, ("latents", "query"))
 
 
 def perceiver_io_config(config: NACConfig) -> NACConfig:

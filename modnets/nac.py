@@ -35,6 +35,7 @@ from modnets.graphs import GRAPHONS, GraphPriorRegularizer, graphon
 from modnets.nn.modulated import ModFC, ModFFN
 from modnets.nn.read_in import ReadIn
 from modnets.nn.skmdpa import EVAL_KERNELS, SKMDPA, link_probabilities
+from modnets.training import weight_decay_groups
 
 __all__ = [
     "NACConfig",
@@ -495,14 +496,5 @@ class NeuralAttentiveCircuit(nn.Module):
     def parameter_groups(self, weight_decay: float) -> list[dict]:
         """AdamW groups: no weight decay on parameters with ``dim <= 1``, codes or signatures
         (NAC App. C)."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            leaf = name.rsplit(".", 1)[-1]
-            free = leaf in ("signatures", "out_signatures", "codes", "out_codes", "queries")
-            (no_decay if p.dim() <= 1 or free else decay).append(p)
-        return [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        exempt = ("signatures", "out_signatures", "codes", "out_codes", "queries")
+        return weight_decay_groups(self, weight_decay, exempt)

@@ -8,7 +8,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "save_checkpoint",
     "checkpoint_dir",
     "maybe_compile",
+    "weight_decay_groups",
     "ResumableLoop",
     "CheckpointError",
     "load_train_state",
@@ -289,3 +290,20 @@ class ResumableLoop:
         self._epoch_gen_state = self._g.get_state()
         if self.save_every:
             self.save()
+
+
+def weight_decay_groups(
+    module: nn.Module, weight_decay: float, exempt: Iterable[str] = ()
+) -> list[dict]:
+    """AdamW parameter groups: weight decay except on parameters with ``dim <= 1`` and those whose
+    own name (the last part of the dotted name) is in ``exempt`` (codes, signatures, latents)."""
+    exempt = set(exempt)
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            free = name.rsplit(".", 1)[-1] in exempt
+            (no_decay if p.dim() <= 1 or free else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from modnets import distributed
 from modnets.baselines import PerceiverIO
+from modnets.benchmarks import median_time
 from modnets.data.tiny_imagenet import TinyImageNetAugment, load_tiny_imagenet, normalize
 from modnets.experiments.cli import experiment_main
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
@@ -343,18 +343,12 @@ def throughput(model: nn.Module, batch: int = 64, repeats: int = 5, warmup: int 
     model.eval()
     device = next(model.parameters()).device
     x = torch.randn(batch, 3, 64, 64, device=device)
-    times = []
-    for i in range(warmup + repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def forward():
         with autocast(device):
             model(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return batch / statistics.median(times)
+
+    return batch / median_time(forward, repeats, warmup, device)
 
 
 def gflops_per_sample(model: nn.Module, batch: int = 4) -> float:
