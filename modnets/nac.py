@@ -35,6 +35,7 @@ from modnets.graphs import GRAPHONS, GraphPriorRegularizer, graphon
 from modnets.nn.modulated import ModFC, ModFFN
 from modnets.nn.read_in import ReadIn
 from modnets.nn.skmdpa import EVAL_KERNELS, SKMDPA, link_probabilities
+from modnets.probes import probe
 from modnets.training import weight_decay_groups
 
 __all__ = [
@@ -410,6 +411,7 @@ class NeuralAttentiveCircuit(nn.Module):
         for layer in self.propagators:
             states = layer(states, design.codes, design.signatures, processor_mask, self.edge_mask)
         logits, confidences = self.read_out(states, design, processor_mask)
+        probe("nac.confidences", confidences)
         return NACOutput(logits, confidences, design) if return_details else logits
 
     def _check_mask(self, mask: Tensor) -> Tensor:

@@ -62,6 +62,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.probes import probe
+
 __all__ = [
     "ACTIVATIONS",
     "topk_softmax",
@@ -332,6 +334,7 @@ class NFMAttention(nn.Module):
             return (state, w) if return_weights else state
         A, w = self._attend(state, memory)
         w = w.permute(0, 2, 3, 1)  # (B, H, T, 1 + S)
+        probe("nfm.read_weights", w)
         h1 = torch.matmul(self.out1.weight, A)  # (B, hidden, T)
         if self.norm is not None:
             h1 = self.norm(h1)

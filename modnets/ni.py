@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from modnets.nn.loc import LOC
 from modnets.nn.tokens import ClassTokens, ElementEmbedding, Heads, PatchEmbedding
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
+from modnets.probes import probe
 
 __all__ = [
     "NIConfig",
@@ -236,6 +237,8 @@ class FunctionIteration(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         types = self.type_inference(x)
         compat = self.type_matching(types, signatures, function_mask)
+        probe("ni.types", types)
+        probe("ni.compatibility", compat)
         return self.interpreter(x, codes, compat), compat, types
 
 

@@ -8,7 +8,9 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +29,8 @@ __all__ = [
     "ResumableLoop",
     "CheckpointError",
     "load_train_state",
+    "TrainConfig",
+    "fit",
 ]
 
 
@@ -307,3 +311,188 @@ def weight_decay_groups(
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+# ----------------------------------------------------------------------------- the training skeleton
+
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a model is optimised; everything :func:`fit` needs besides the model and the step.
+
+    ``clip_grad_norm`` (None: no clipping) and ``amp`` (bf16 autocast on CUDA) are explicit per
+    experiment. ``best`` names a validation metric (a key of what ``evaluate`` returns); when set,
+    the weights of the epoch where it was highest are restored at the end (NFM App. C).
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str = "adamw"
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.0
+    schedule: str = "cosine"
+    min_lr: float = 0.0  # the cosine schedule's floor (absolute)
+    clip_grad_norm: float | None = None
+    amp: bool = True
+    best: str | None = None
+    log_points: int = 100  # points of the logged loss curve (each the mean since the last)
+    save_every: int = 500  # steps between training-state checkpoints
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "log_points"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be positive, got {self.lr!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}"
+            )
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(
+                f"TrainConfig.warmup_fraction must be in [0, 1), got {self.warmup_fraction!r}"
+            )
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(
+                f"TrainConfig.clip_grad_norm must be positive or None, got {self.clip_grad_norm!r}"
+            )
+
+
+class _Best:
+    """The best epoch so far (metric and weights), checkpointed with the training state so that a
+    resumed run still restores the best epoch's weights at the end."""
+
+    def __init__(self):
+        self.value, self.epoch, self.weights = -math.inf, 0, None
+
+    def update(self, value: float, epoch: int, model: nn.Module) -> None:
+        if value > self.value:
+            self.value, self.epoch = value, epoch
+            self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "epoch": self.epoch, "weights": self.weights}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.epoch, self.weights = state["value"], state["epoch"], state["weights"]
+
+
+def _as_logs(out) -> dict[str, Tensor]:
+    if isinstance(out, Tensor):
+        return {"loss": out}
+    if isinstance(out, dict) and isinstance(out.get("loss"), Tensor):
+        return out
+    raise TypeError(
+        "a training step must return the loss tensor or a dict of scalar tensors with a 'loss' "
+        f"entry (the one minimised), got {type(out).__name__}"
+    )
+
+
+def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None = None,
+        batches: Callable[[int], Sequence] | None = None, evaluate: Callable[[nn.Module], dict] | None = None,
+        param_groups: list[dict] | None = None, desc: str = "training", show_progress: bool = True,
+        state_path: str | os.PathLike | None = None, resume: bool = False, seed: int = 0,
+        state_config: dict | None = None, find_unused_parameters: bool = False) -> dict:  # fmt: skip
+    """The one training loop of every experiment; returns the history.
+
+    ``step(net, batch)`` is the experiment's own part: it computes the loss of one minibatch with
+    ``net`` (the model, wrapped for DDP and compiled when asked) and returns it, or a dict of
+    scalar tensors whose ``"loss"`` is minimised and all of which are logged. A batch is this
+    rank's share of ``batch_size`` shuffled indices into ``n`` training samples, or, with
+    ``batches(epoch)`` (a list of whatever the step takes), one item of that list, taken in a
+    shuffled order (the step then shards it with :func:`modnets.distributed.shard`).
+
+    Around the step, :func:`fit` owns: the optimiser (``param_groups`` or the trainable
+    parameters), the warm-up + cosine schedule, autocast, ``torch.compile``
+    (``MODNETS_COMPILE=1``), DistributedDataParallel under ``torchrun``, gradient clipping, the
+    progress bar, :class:`ResumableLoop` (checkpoints at ``state_path``; ``resume`` continues),
+    ``evaluate(model) -> {metric: value}`` after each epoch (kept as ``history["val_<metric>"]``)
+    and the best-epoch restore. Logged values are the mean over the steps since the previous log
+    point, averaged across processes.
+    """
+    from modnets import distributed
+    from modnets.utils import progress
+
+    if (n is None) == (batches is None):
+        raise ValueError("give exactly one of n (number of training samples) and batches")
+    device = next(model.parameters()).device
+    if param_groups is None:
+        param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    param_groups = [{"weight_decay": config.weight_decay, **g} for g in param_groups]
+    opt_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    opt = opt_class(param_groups, lr=config.lr)
+    per_epoch = len(batches(0)) if batches is not None else n // config.batch_size
+    if per_epoch <= 0:
+        raise ValueError(f"no full batch of {config.batch_size} in {n} training samples")
+    total = config.epochs * per_epoch
+    floor = config.min_lr / config.lr
+    sched = (warmup_cosine(opt, total, int(config.warmup_fraction * total), floor)
+             if config.schedule == "cosine" else torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))  # fmt: skip
+    params = [p for g in param_groups for p in g["params"]]
+    history: dict = {"step": [], "loss": [], "epoch": [], "seconds": 0.0}
+    best = _Best()
+    objects = {"model": model, "optimizer": opt, "scheduler": sched, "best": best}
+    net = maybe_compile(distributed.wrap(model, find_unused_parameters=find_unused_parameters))
+    log_every = max(1, total // config.log_points)
+    running: dict[str, Tensor] = {}
+    since_log = 0
+    start = time.perf_counter()
+    with ResumableLoop(state_path, objects, history, state_config, seed, config.save_every,
+                       resume, enabled=distributed.is_main()) as loop:  # fmt: skip
+        spent = history["seconds"]  # a resumed run adds to the time already spent
+        bar = progress(total=total, initial=loop.step, desc=desc,
+                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
+        for epoch in loop.epochs(config.epochs):
+            model.train()
+            items = batches(epoch) if batches is not None else None
+            source = loop.minibatches(len(items), 1) if items is not None else \
+                loop.minibatches(n, config.batch_size)  # fmt: skip
+            for idx in source:
+                batch = items[idx.item()] if items is not None else distributed.shard(idx)
+                with autocast(device) if config.amp else contextlib.nullcontext():
+                    logs = _as_logs(step(net, batch))
+                opt.zero_grad(set_to_none=True)
+                logs["loss"].backward()
+                if config.clip_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
+                opt.step()
+                sched.step()
+                for k, v in logs.items():  # summed on the device: no sync per step
+                    v = v.detach().float()
+                    running[k] = running[k] + v if k in running else v
+                since_log += 1
+                done = loop.step + 1
+                if done % log_every == 0 or done == total:
+                    history["step"].append(done)
+                    for k, v in running.items():
+                        mean = distributed.all_reduce_sum(v.item() / since_log)
+                        history.setdefault(k, []).append(mean / distributed.world_size())
+                    running, since_log = {}, 0
+                history["seconds"] = spent + time.perf_counter() - start
+                loop.step_done()
+                bar.update(1)
+            history["epoch"].append(epoch + 1)
+            if evaluate is not None:
+                metrics = evaluate(model)
+                for k, v in metrics.items():
+                    history.setdefault(f"val_{k}", []).append(v)
+                if config.best is not None:
+                    best.update(float(metrics[config.best]), epoch + 1, model)
+                    history["best_epoch"] = best.epoch
+                bar.set_postfix({k: round(v, 4) for k, v in metrics.items()
+                                 if isinstance(v, float)}, refresh=False)  # fmt: skip
+            history["seconds"] = spent + time.perf_counter() - start
+            loop.epoch_done()
+        bar.close()
+    if config.best is not None and best.weights is not None:
+        model.load_state_dict(best.weights)
+    return history

@@ -1,51 +1,58 @@
 """The command line shared by every experiment: ``python -m modnets.experiments.<name>``.
 
-``--profile``, ``--out`` (JSON results), ``--no-cache`` (retrain even if a checkpoint exists),
-``--quiet`` and ``--resume`` (continue interrupted training). Under ``torchrun`` each process
-joins the process group and trains data-parallel; only rank 0 prints and writes. Ctrl-C saves
-the training state and exits with a hint to ``--resume``.
+``--profile``, ``--out`` (JSON results in the schema of :mod:`modnets.experiments.harness`),
+``--no-cache`` (retrain even if a checkpoint exists), ``--quiet`` and ``--resume`` (continue
+interrupted training). Under ``torchrun`` each process joins the process group and trains
+data-parallel; only rank 0 prints and writes. Ctrl-C saves the training state and exits with a
+hint to ``--resume``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from modnets import distributed
-from modnets.experiments.results import NOT_SAVED, save_results
+from modnets.experiments.results import save_results
 from modnets.profiles import PROFILES
 
-__all__ = ["experiment_main"]
+__all__ = ["experiment_main", "format_claims"]
+
+
+def format_claims(results: dict) -> str:
+    """The claims of a results dict as plain text, one per line."""
+    lines = ["claims:"]
+    for c in results["claims"]:
+        reason = f" ({c['reason']})" if c.get("reason") else ""
+        lines.append(f"  [{c['verdict']}] {c['id']}: {c['text']} -- ours {c['ours']}; "
+                     f"paper {c['paper']}{reason}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], doc: str,
-                    argv: list[str] | None = None, cache: bool = True,
-                    exclude: Iterable[str] = NOT_SAVED) -> None:  # fmt: skip
-    """Parse the command line, run the experiment, print ``summary(results)``, write JSON.
-
-    ``cache=False`` for experiments without a model checkpoint to skip (no ``--no-cache``)."""
+                    argv: list[str] | None = None) -> None:  # fmt: skip
+    """Parse the command line, run the experiment, print ``summary(results)`` and the claims,
+    write the JSON."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    if cache:
-        parser.add_argument("--no-cache", action="store_true",
-                            help="train even if a checkpoint exists")  # fmt: skip
+    parser.add_argument("--no-cache", action="store_true",
+                        help="train even if a checkpoint exists")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--resume", action="store_true",
                         help="continue interrupted training from its checkpoints")  # fmt: skip
     args = parser.parse_args(argv)
-    kwargs = {"profile": args.profile, "show_progress": not args.quiet, "resume": args.resume}
-    if cache:
-        kwargs["cache"] = not args.no_cache
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
-        results = run(**kwargs)
+        results = run(profile=args.profile, show_progress=not args.quiet, resume=args.resume,
+                      cache=not args.no_cache)  # fmt: skip
         if distributed.is_main():
             print(summary(results))
+            print(format_claims(results))
             if args.out is not None:
-                save_results(results, args.out, exclude=exclude)
+                save_results(results, args.out)
                 print(f"results written to {args.out}", file=sys.stderr)
     except KeyboardInterrupt as err:
         sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")

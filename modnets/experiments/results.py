@@ -1,30 +1,41 @@
-"""Experiment results as JSON files the book reads."""
+"""Experiment results as JSON files the book reads (the schema: :data:`harness.SCHEMA`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["save_results", "load_results", "NOT_SAVED"]
+from modnets.experiments.harness import check_results
 
-#: Keys of a results dict that hold live objects (models, tensors), never written to JSON.
-NOT_SAVED = ("models", "data", "kmnist")
+__all__ = ["save_results", "load_results", "results_path"]
 
 
-def save_results(results: dict, path: str | Path, exclude: Iterable[str] = NOT_SAVED) -> Path:
-    """Write ``results`` without the ``exclude`` keys as JSON, atomically (temporary file, rename)."""
+def results_path(experiment: str, profile: str, folder: str | Path = "_build/results") -> Path:
+    """Where the chapters keep an experiment's results: ``<folder>/<experiment>_<profile>.json``."""
+    return Path(folder) / f"{experiment}_{profile}.json"
+
+
+def save_results(results: dict, path: str | Path) -> Path:
+    """Check ``results`` against the schema, then write it as JSON atomically (a temporary file
+    in the same folder, then a rename: never half-written)."""
+    check_results(results)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    skip = set(exclude)
-    tmp.write_text(
-        json.dumps({k: v for k, v in results.items() if k not in skip}, indent=1, default=str)
-    )
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 
 def load_results(path: str | Path) -> dict:
-    """Read results written by :func:`save_results`."""
-    return json.loads(Path(path).read_text())
+    """Read results written by :func:`save_results` (checked against the schema)."""
+    results = json.loads(Path(path).read_text())
+    check_results(results)
+    return results

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.probes import probe
+
 __all__ = ["SKMDPA", "link_probabilities", "concrete_sample"]
 
 EVAL_KERNELS = ("probs", "threshold", "sample")
@@ -142,6 +144,7 @@ class SKMDPA(nn.Module):
             sig_q, sig_k, key_mask, edge_mask, shape=(Uq, k.shape[1]), device=q.device
         )
         log_k = log_k.to(qh.dtype)
+        probe("skmdpa.log_kernel", log_k)
         if log_k.dim() == 3:  # per-sample signatures
             log_k = log_k[:, None]
         # A query with no link at all reads nothing (a zero message), rather than a softmax over

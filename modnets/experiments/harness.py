@@ -1,0 +1,359 @@
+"""What every experiment shares: load-or-train, fingerprints, seeds, the results schema.
+
+An experiment module keeps only what is its own (building its models, one training step,
+evaluation, analyses, its ``PAPER`` table and ``claims``); this module does the rest:
+
+* :func:`load_or_train` -- one path from a configuration to a trained model, for the chapters and
+  the command line alike. The checkpoint key hashes the *training* part of the configuration
+  whole, the seed, a fingerprint of the data files read and a fingerprint of the library code the
+  model depends on; the analysis part is never hashed. A checkpoint that does not fit the model
+  is retrained with a warning.
+* :func:`seed_stats` -- mean, sd and the 95 % t-interval over seeds (``scipy.stats``).
+* :func:`results_dict` / :data:`SCHEMA` -- one results schema for every experiment.
+* :func:`dry_run` -- one training step of a configuration on tiny inputs of the real shapes.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import platform
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+from scipy import stats
+from torch import nn
+
+from modnets import distributed
+from modnets.training import CheckpointError, checkpoint_dir, save_checkpoint
+from modnets.utils import seed_everything
+
+__all__ = [
+    "SCHEMA",
+    "code_fingerprint",
+    "data_fingerprint",
+    "checkpoint_key",
+    "load_or_train",
+    "seed_stats",
+    "per_seed",
+    "provenance",
+    "results_dict",
+    "check_results",
+    "DryRun",
+    "dry_run",
+]
+
+#: The keys of every experiment's results, in this order.
+SCHEMA = ("experiment", "profile", "config", "seeds", "models", "diagnostics", "claims",
+          "provenance")  # fmt: skip
+
+CHECKPOINT_FORMAT = "modnets-model-v2"
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+@functools.cache
+def _module_closure(name: str) -> tuple[str, ...]:
+    """``name`` and every ``modnets`` module it imports, transitively (read from the source, so
+    nothing is executed), sorted."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ModuleNotFoundError, ValueError):  # "from modnets.x import SomeClass"
+            continue
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        seen.add(mod)
+        tree = ast.parse(Path(spec.origin).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("modnets")]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith("modnets"):
+                    todo.append(node.module)
+                    # "from modnets.nn import tokens" imports a submodule
+                    todo += [f"{node.module}.{a.name}" for a in node.names]
+    return tuple(sorted(seen))
+
+
+def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
+    """A hash of the library code a trained model depends on.
+
+    Each part is a module (or its dotted name), hashed with every ``modnets`` module it imports,
+    or a function or class, hashed by its own source (an experiment's model builder and training
+    step, without the rest of its module, so that a change to an analysis retrains nothing).
+    """
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, str | ModuleType):
+            name = part if isinstance(part, str) else part.__name__
+            for mod in _module_closure(name):
+                origin = importlib.util.find_spec(mod).origin
+                h.update(mod.encode() + b"\0" + Path(origin).read_bytes() + b"\0")
+        elif callable(part):
+            h.update(f"{part.__module__}.{part.__qualname__}".encode() + b"\0")
+            h.update(inspect.getsource(part).encode() + b"\0")
+        else:
+            raise TypeError(
+                f"code parts must be modules, module names or functions, got {type(part).__name__}"
+            )
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(*paths: str | os.PathLike) -> str:
+    """A hash of the data files read: each file's path (relative to what was given) and size;
+    a folder stands for every file below it. A missing path hashes as missing, so a checkpoint
+    trained on a subset is not reused once more files (a full download) are there."""
+    h = hashlib.sha256()
+    for p in paths:
+        p = Path(p)
+        h.update(str(p.name).encode() + b"\0")
+        if p.is_file():
+            h.update(str(p.stat().st_size).encode())
+        elif p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                for f in sorted(files):
+                    full = Path(root) / f
+                    h.update(f"{full.relative_to(p)}:{full.stat().st_size}\n".encode())
+        else:
+            h.update(b"<missing>")
+    return h.hexdigest()[:16]
+
+
+def _plain(obj):
+    """A configuration as plain JSON types (dataclasses, tuples, paths)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def checkpoint_key(name: str, train_config, seed: int, data: str, code: str) -> str:
+    """The checkpoint key: a hash of ``name``, the whole training configuration, the seed and the
+    data and code fingerprints."""
+    blob = json.dumps({"name": name, "train": _plain(train_config), "seed": seed, "data": data,
+                       "code": code}, sort_keys=True, default=str)  # fmt: skip
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- load or train
+
+
+def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Module],
+                  train: Callable[..., dict], *, code: Sequence, data: str, device=None,
+                  cache: bool = True, resume: bool = False) -> tuple[nn.Module, dict]:  # fmt: skip
+    """The trained model ``name`` at ``seed``: loaded from its checkpoint, or trained and saved.
+
+    ``build()`` makes the untrained model (called after seeding with ``seed``);
+    ``train(model, state_path, resume)`` trains it in place and returns its history
+    (``state_path`` is where :func:`modnets.training.fit` keeps its resumable state). ``code``
+    lists what the model's training depends on (see :func:`code_fingerprint`), ``data`` is the
+    data fingerprint (:func:`data_fingerprint`). ``cache=False`` trains without reading or
+    writing checkpoints. Under ``torchrun`` every rank trains; only rank 0 writes.
+    """
+    key = checkpoint_key(name, train_config, seed, data, code_fingerprint(*code))
+    path = checkpoint_dir() / f"{name}_{key}.pt"
+
+    def fresh() -> nn.Module:
+        seed_everything(seed)
+        model = build()
+        return model if device is None else model.to(device)
+
+    model = fresh()
+    if cache and path.exists():
+        try:
+            state = torch.load(path, map_location=device or "cpu", weights_only=False)
+            if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+                raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} checkpoint")
+            model.load_state_dict(state["model"])
+            return model, state["history"]
+        except (RuntimeError, CheckpointError, KeyError, EOFError, OSError, ValueError) as err:
+            warnings.warn(f"checkpoint {path} does not fit this model ({str(err)[:200]}); "
+                          "retraining", stacklevel=2)  # fmt: skip
+            model = fresh()
+    state_path = path.with_suffix(".train.pt") if cache else None
+    seed_everything(seed)
+    history = train(model, state_path, resume)
+    if cache and distributed.is_main():
+        save_checkpoint({"format": CHECKPOINT_FORMAT, "name": name, "key": key,
+                         "model": model.state_dict(), "history": history}, path)  # fmt: skip
+        state_path.unlink(missing_ok=True)  # the finished model replaces its training state
+    distributed.barrier()
+    return model, history
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def seed_stats(values: Iterable[float], confidence: float = 0.95) -> dict:
+    """``{"mean", "sd", "n", "ci", "values"}`` over seeds: ``sd`` with one degree of freedom
+    removed, ``ci`` the ``confidence`` t-interval of the mean (``scipy.stats.t``; ``None`` with
+    fewer than two values)."""
+    v = np.asarray([float(x) for x in values], dtype=float)
+    if v.size == 0:
+        raise ValueError("seed_stats needs at least one value")
+    mean = float(v.mean())
+    sd = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    ci = None
+    if v.size > 1:
+        if sd == 0.0:
+            ci = [mean, mean]
+        else:
+            lo, hi = stats.t.interval(
+                confidence, v.size - 1, loc=mean, scale=sd / math.sqrt(v.size)
+            )
+            ci = [float(lo), float(hi)]
+    return {"mean": mean, "sd": sd, "n": int(v.size), "ci": ci, "values": v.tolist()}
+
+
+def per_seed(runs: Sequence[dict], *path) -> list:
+    """``[run[path[0]][path[1]]... for run in runs]``: one value per seed."""
+    out = []
+    for r in runs:
+        for p in path:
+            r = r[p]
+        out.append(r)
+    return out
+
+
+def fmt(s: dict, scale: float = 1.0, digits: int = 3) -> str:
+    """``"mean ± sd (n seeds)"`` of a :func:`seed_stats` dict."""
+    return f"{scale * s['mean']:.{digits}f} ± {scale * s['sd']:.{digits}f} (n={s['n']})"
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def provenance(start: float, code: Sequence = ()) -> dict:
+    """Where and how the results were made: code fingerprint, versions, device, wall time."""
+    device = distributed.local_device() if distributed.is_distributed() else None
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return {
+        "code_fingerprint": code_fingerprint(*code) if code else code_fingerprint("modnets"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": f"{device.type}: {name or platform.machine()}",
+        "threads": torch.get_num_threads(),
+        "world_size": distributed.world_size(),
+        "wall_seconds": time.perf_counter() - start,
+    }
+
+
+def results_dict(experiment: str, profile: str, config, seeds: Sequence[int], models: dict,
+                 diagnostics: dict, claims: list, provenance: dict) -> dict:  # fmt: skip
+    """The results of one experiment in :data:`SCHEMA` (plain JSON throughout)."""
+    out = {
+        "experiment": experiment,
+        "profile": profile,
+        "config": _plain(config),
+        "seeds": list(seeds),
+        "models": _plain(models),
+        "diagnostics": _plain(diagnostics),
+        "claims": [c if isinstance(c, dict) else c.as_dict() for c in claims],
+        "provenance": provenance,
+    }
+    check_results(out)
+    return out
+
+
+def check_results(results: dict) -> None:
+    """Raise ``ValueError`` unless ``results`` has exactly the keys of :data:`SCHEMA`, plain JSON
+    values (no models or tensors) and claims with every field."""
+    from modnets.experiments.claims import CLAIM_FIELDS, VERDICTS
+
+    if not isinstance(results, dict) or tuple(results) != SCHEMA:
+        got = tuple(results) if isinstance(results, dict) else type(results).__name__
+        raise ValueError(f"results must have the keys {SCHEMA} in order, got {got}")
+    try:
+        json.dumps(results, allow_nan=True)
+    except TypeError as err:
+        raise ValueError(f"results must be plain JSON (no live objects): {err}") from None
+    for c in results["claims"]:
+        missing = [f for f in CLAIM_FIELDS if f not in c]
+        if missing:
+            raise ValueError(f"claim {c.get('id', '?')!r} lacks {missing}")
+        if c["verdict"] not in VERDICTS:
+            raise ValueError(f"claim {c['id']!r} has verdict {c['verdict']!r}; allowed {VERDICTS}")
+
+
+def import_experiment(name: str) -> ModuleType:
+    """``modnets.experiments.<name>``."""
+    return importlib.import_module(f"modnets.experiments.{name}")
+
+
+# ----------------------------------------------------------------------------- the gpu dry run
+
+
+@dataclasses.dataclass
+class DryRun:
+    """One model of an experiment, ready for one training step: ``loss(model)`` computes the
+    experiment's own training loss on a tiny batch of the real input shapes."""
+
+    name: str
+    model: nn.Module
+    loss: Callable[[nn.Module], torch.Tensor]
+
+
+def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
+    """Build every model of an experiment's ``profile`` configuration (on the CPU) and take one
+    training step each: the loss must be finite and every trainable parameter must get a
+    gradient, except those the module lists in ``ZERO_GRAD_AT_INIT`` (name substring -> reason).
+
+    Returns ``{name: {"loss", "parameters", "zero_grad": [names], "seconds"}}``; raises
+    ``AssertionError`` naming what failed. The module provides ``dry_run(config) -> [DryRun]``.
+    """
+    module = import_experiment(module) if isinstance(module, str) else module
+    config = module.CONFIGS[profile]
+    allowed = getattr(module, "ZERO_GRAD_AT_INIT", {})
+    report = {}
+    for part in module.dry_run(config):
+        t0 = time.perf_counter()
+        model = part.model.train()
+        loss = part.loss(model)
+        if not torch.isfinite(loss).all():
+            raise AssertionError(f"{module.__name__} {part.name}: loss {loss} is not finite")
+        loss.backward()
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        zero = [n for n, p in model.named_parameters()
+                if p.requires_grad and p.grad is not None and not p.grad.any()]  # fmt: skip
+        unexplained = [n for n in missing + zero if not any(k in n for k in allowed)]
+        if unexplained:
+            raise AssertionError(f"{module.__name__} {part.name}: no gradient reaches "
+                                 f"{unexplained[:8]} ({len(unexplained)} parameters)")  # fmt: skip
+        bad = [n for n, p in model.named_parameters()
+               if p.grad is not None and not torch.isfinite(p.grad).all()]  # fmt: skip
+        if bad:
+            raise AssertionError(
+                f"{module.__name__} {part.name}: non-finite gradients in {bad[:8]}"
+            )
+        report[part.name] = {"loss": loss.item(), "zero_grad": missing + zero,
+                             "parameters": sum(p.numel() for p in model.parameters()),
+                             "seconds": time.perf_counter() - t0}  # fmt: skip
+    return report
