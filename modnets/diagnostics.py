@@ -61,9 +61,11 @@ def links(P: Tensor) -> dict:
 
 
 def nfm_reads(weights: list[Tensor]) -> dict:
-    """Per NFM read (in call order; weights ``(B, H, T, 1 + S)``), the mean weight on the default
-    slot (reading nothing) and the number of sources it could attend to."""
+    """Per NFM read with something to read (in call order; weights ``(B, H, T, 1 + S)``; a read
+    of an empty memory passes the state through and records nothing), the mean weight on the
+    default slot (reading nothing) and ``S``, the number of candidates per query position
+    (every position of every earlier state, after rescaling)."""
     return {
         "default_weight": [w[..., 0].float().mean().item() for w in weights],
-        "sources": [w.shape[-1] - 1 for w in weights],
+        "candidates": [w.shape[-1] - 1 for w in weights],
     }

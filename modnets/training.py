@@ -386,6 +386,27 @@ class _Best:
         self.value, self.epoch, self.weights = state["value"], state["epoch"], state["weights"]
 
 
+class _LogBuffer:
+    """The logged values summed since the last point of the curve (saved with the training state,
+    so that a resumed run logs the same curve as an uninterrupted one)."""
+
+    def __init__(self):
+        self.sums: dict[str, Tensor] = {}
+        self.count = 0
+
+    def add(self, logs: dict[str, Tensor]) -> None:
+        for k, v in logs.items():  # summed on the device: no sync per step
+            v = v.detach().float()
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+        self.count += 1
+
+    def state_dict(self) -> dict:
+        return {"sums": {k: v.cpu() for k, v in self.sums.items()}, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sums, self.count = dict(state["sums"]), state["count"]
+
+
 def _as_logs(out) -> dict[str, Tensor]:
     if isinstance(out, Tensor):
         return {"loss": out}
@@ -440,11 +461,10 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     params = [p for g in param_groups for p in g["params"]]
     history: dict = {"step": [], "loss": [], "epoch": [], "seconds": 0.0}
     best = _Best()
-    objects = {"model": model, "optimizer": opt, "scheduler": sched, "best": best}
+    logged = _LogBuffer()
+    objects = {"model": model, "optimizer": opt, "scheduler": sched, "best": best, "logged": logged}
     net = maybe_compile(distributed.wrap(model, find_unused_parameters=find_unused_parameters))
     log_every = max(1, total // config.log_points)
-    running: dict[str, Tensor] = {}
-    since_log = 0
     start = time.perf_counter()
     with ResumableLoop(state_path, objects, history, state_config, seed, config.save_every,
                        resume, enabled=distributed.is_main()) as loop:  # fmt: skip
@@ -466,17 +486,14 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
                     nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
                 opt.step()
                 sched.step()
-                for k, v in logs.items():  # summed on the device: no sync per step
-                    v = v.detach().float()
-                    running[k] = running[k] + v if k in running else v
-                since_log += 1
+                logged.add(logs)
                 done = loop.step + 1
                 if done % log_every == 0 or done == total:
                     history["step"].append(done)
-                    for k, v in running.items():
-                        mean = distributed.all_reduce_sum(v.item() / since_log)
+                    for k, v in logged.sums.items():
+                        mean = distributed.all_reduce_sum(v.item() / logged.count)
                         history.setdefault(k, []).append(mean / distributed.world_size())
-                    running, since_log = {}, 0
+                    logged.sums, logged.count = {}, 0
                 history["seconds"] = spent + time.perf_counter() - start
                 loop.step_done()
                 bar.update(1)

@@ -8,7 +8,8 @@ minus a threshold (:func:`threshold_claim`), or A minus B, paired by seed
 
 * ``reproduced``      -- the interval lies wholly on the paper's side;
 * ``not reproduced``  -- it lies wholly on the other side;
-* ``inconclusive``    -- it straddles the threshold (or there is one seed only);
+* ``inconclusive``    -- it straddles the threshold (or there is one seed only, or every seed
+  gave the same value, so that there is no spread to build an interval from);
 * ``not testable here`` -- the test needs something this setting lacks (:func:`untestable`), or a
   precondition of the test does not hold (:func:`precondition`).
 
@@ -36,6 +37,10 @@ __all__ = [
     "claims_frame",
     "claims_table",
     "verdict_sentences",
+    "PAPERS",
+    "paper_scale_command",
+    "reproduction",
+    "verdict_counts",
 ]
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable here")
@@ -77,6 +82,8 @@ def decide(values: Sequence[float], threshold: float = 0.0, direction: str = ">"
     s = seed_stats(values, confidence)
     if s["ci"] is None:
         return "inconclusive", None, "one seed: no interval, so no verdict"
+    if s["sd"] == 0.0:  # e.g. accuracies on a tiny set, equal on every seed: no spread measured
+        return "inconclusive", s["ci"], "the same value on every seed: no spread, so no interval"
     lo, hi = s["ci"]
     above, below = lo > threshold, hi < threshold
     paper_side, other_side = (above, below) if direction == ">" else (below, above)
@@ -181,3 +188,46 @@ def verdict_sentences(claims) -> str:
         lines.append(f"- **{c['text']}** ({c['source']}): **{c['verdict']}**{reason}. "
                      f"Paper: {c['paper']}; ours: {c['ours']}.")  # fmt: skip
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- chapter 13
+
+#: The experiments whose claims the book tests, by paper.
+PAPERS = {
+    "Neural Interpreters": ("fuzzy_boolean", "digits"),
+    "Neural Attentive Circuits": ("tiny_imagenet",),
+    "Neural Function Modules": ("stacked_mnist",),
+}
+
+
+def paper_scale_command(experiment: str) -> str:
+    """The command that runs ``experiment`` at the papers' settings (its module may name one in
+    ``GPU_COMMAND``, e.g. with ``torchrun``)."""
+    from modnets.experiments.harness import import_experiment
+
+    default = f"python -m modnets.experiments.{experiment} --profile gpu"
+    return getattr(import_experiment(experiment), "GPU_COMMAND", default)
+
+
+def reproduction(experiments, profile: str, folder="_build/results"):
+    """Every claim of ``experiments`` read from their results files
+    (``<folder>/<experiment>_<profile>.json``), one row each with the command that reproduces it
+    at the papers' scale, as an HTML table; and a list of the results files that are missing."""
+    from modnets.experiments.results import load_results, results_path
+
+    claims, missing = [], []
+    for name in experiments:
+        path = results_path(name, profile, folder)
+        if not path.exists():
+            missing.append(f"{path} (run its chapter, or `python -m modnets.experiments.{name} "
+                           f"--profile {profile} --out {path}`)")  # fmt: skip
+            continue
+        for c in load_results(path)["claims"]:
+            claims.append({**c, "source": f"{c['source']} · `{paper_scale_command(name)}`"})
+    return claims_table(claims, rule=False), claims, missing
+
+
+def verdict_counts(claims) -> str:
+    """``"3 reproduced, 1 inconclusive"``: how many claims got each verdict."""
+    counts = {v: sum(c["verdict"] == v for c in _as_claims(claims)) for v in VERDICTS}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no claims"

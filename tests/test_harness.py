@@ -1,0 +1,335 @@
+"""The experiment harness: fit, load-or-train keys, seeds, claims, probes, the results schema,
+and the properties every experiment module shares (one suite parametrised over experiments)."""
+
+import dataclasses
+import importlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import nn
+
+from modnets import probes
+from modnets.experiments import claims as cl
+from modnets.experiments import fuzzy_boolean as fb
+from modnets.experiments import harness
+from modnets.ni import NeuralInterpreter, NIConfig
+from modnets.training import TrainConfig, fit
+
+EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
+
+
+# ----------------------------------------------------------------------------- fit
+
+
+def test_fit_logs_the_mean_loss_since_the_last_log_point():
+    model = nn.Linear(1, 1, bias=False)
+    values = iter(range(100))
+
+    def step(net, idx):  # the loss is the step number (and its gradient is zero)
+        return net.weight.sum() * 0 + float(next(values))
+
+    cfg = TrainConfig(epochs=2, batch_size=1, lr=1e-3, schedule="constant", log_points=4, amp=False)
+    hist = fit(model, step, cfg, n=4, show_progress=False)
+    assert hist["step"] == [2, 4, 6, 8] and hist["epoch"] == [1, 2]
+    assert hist["loss"] == [0.5, 2.5, 4.5, 6.5]  # means of steps (0, 1), (2, 3), ...
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_fit_clips_gradients_only_when_asked(clip):
+    model = nn.Linear(3, 1, bias=False)
+    cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3, clip_grad_norm=clip, amp=False)
+    fit(model, lambda net, idx: 1e3 * net.weight.sum(), cfg, n=2, show_progress=False)
+    norm = model.weight.grad.norm().item()  # the last step's gradient, after clipping
+    assert norm == pytest.approx(0.5) if clip else norm == pytest.approx(1e3 * 3**0.5)
+
+
+def test_fit_restores_the_best_epoch():
+    model = nn.Linear(2, 1)
+    scores = iter([0.2, 0.9, 0.1])
+    snapshots = []
+
+    def evaluate(m):
+        snapshots.append(m.weight.detach().clone())
+        return {"acc": next(scores)}
+
+    cfg = TrainConfig(epochs=3, batch_size=2, lr=0.1, best="acc", amp=False)
+    x = torch.randn(4, 2)
+    hist = fit(model, lambda net, idx: net(x[idx]).pow(2).mean(), cfg, n=4, evaluate=evaluate,
+               show_progress=False)  # fmt: skip
+    assert hist["val_acc"] == [0.2, 0.9, 0.1] and hist["best_epoch"] == 2
+    torch.testing.assert_close(model.weight, snapshots[1])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("epochs", 0), ("batch_size", 1.5), ("lr", 0.0), ("optimizer", "sgd"), ("schedule", "step"),
+     ("warmup_fraction", 1.0), ("clip_grad_norm", 0.0)],
+)  # fmt: skip
+def test_train_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{"epochs": 1, "batch_size": 1, "lr": 1e-3, field: value})
+
+
+def test_fit_needs_exactly_one_data_source_and_a_loss():
+    model = nn.Linear(1, 1)
+    cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3)
+    with pytest.raises(ValueError, match="exactly one"):
+        fit(model, lambda net, b: net.weight.sum(), cfg, show_progress=False)
+    with pytest.raises(TypeError, match="loss"):
+        fit(model, lambda net, b: 1.0, cfg, n=1, show_progress=False)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+@pytest.fixture
+def tmp_modules(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "modnets_fp_a.py").write_text("import modnets_fp_b\n")
+    (tmp_path / "modnets_fp_b.py").write_text("X = 1\n")
+    yield tmp_path
+    harness._module_closure.cache_clear()
+    for m in ("modnets_fp_a", "modnets_fp_b"):
+        sys.modules.pop(m, None)
+
+
+def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
+    before = harness.code_fingerprint("modnets_fp_a")
+    (tmp_modules / "modnets_fp_b.py").write_text("X = 2\n")  # a change in an imported module
+    harness._module_closure.cache_clear()
+    assert harness.code_fingerprint("modnets_fp_a") != before
+
+    def f():
+        return 1
+
+    def g():
+        return 2
+
+    assert harness.code_fingerprint(f) != harness.code_fingerprint(g)
+    assert harness.code_fingerprint(f) == harness.code_fingerprint(f)
+    with pytest.raises(TypeError, match="modules"):
+        harness.code_fingerprint(3)
+
+
+def test_data_fingerprint_sees_added_files_not_where_the_folder_lives(tmp_path):
+    for root in ("a", "b"):
+        (tmp_path / root / "data" / "sub").mkdir(parents=True)
+        (tmp_path / root / "data" / "sub" / "x.bin").write_bytes(b"123")
+    a, b = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    assert harness.data_fingerprint(a) == harness.data_fingerprint(b)
+    (b / "sub" / "y.bin").write_bytes(b"4")  # more files: a full download after a subset
+    assert harness.data_fingerprint(a) != harness.data_fingerprint(b)
+    assert harness.data_fingerprint(tmp_path / "missing") != harness.data_fingerprint(a)
+
+
+def test_the_key_hashes_training_seed_data_and_code_but_not_the_analysis():
+    cfg = fb.CONFIGS["smoke"]
+    key = harness.checkpoint_key("x", cfg.train, 0, "data", "code")
+    analysis_changed = dataclasses.replace(cfg, routing_points=7)  # analysis only
+    assert harness.checkpoint_key("x", analysis_changed.train, 0, "data", "code") == key
+    trained_changed = dataclasses.replace(cfg.train, points_per_function=999)
+    for other in (harness.checkpoint_key("x", trained_changed, 0, "data", "code"),
+                  harness.checkpoint_key("x", cfg.train, 1, "data", "code"),
+                  harness.checkpoint_key("x", cfg.train, 0, "data2", "code"),
+                  harness.checkpoint_key("x", cfg.train, 0, "data", "code2")):  # fmt: skip
+        assert other != key
+
+
+def test_load_or_train_trains_once_then_loads_and_retrains_on_new_code_or_data(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    calls = []
+
+    def train(model, state_path, resume):
+        calls.append(state_path)
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        return {"trained": True}
+
+    def build():
+        return nn.Linear(2, 2)
+
+    def other_step():  # stands for a changed training step
+        return 0
+
+    kw = dict(code=(build,), data="d")
+    m1, h1 = harness.load_or_train("toy", {"lr": 1}, 0, build, train, **kw)
+    m2, h2 = harness.load_or_train("toy", {"lr": 1}, 0, build, train, **kw)
+    assert len(calls) == 1 and h2 == h1 == {"trained": True}
+    torch.testing.assert_close(m1.weight, m2.weight)
+    assert not list(tmp_path.glob("*.train.pt"))  # the training state is gone once finished
+    harness.load_or_train("toy", {"lr": 1}, 0, build, train, code=(build, other_step), data="d")
+    harness.load_or_train("toy", {"lr": 1}, 0, build, train, code=(build,), data="d2")
+    assert len(calls) == 3
+    harness.load_or_train("toy", {"lr": 1}, 0, build, train, cache=False, **kw)
+    assert len(calls) == 4 and calls[-1] is None  # no cache: no checkpoint read or written
+
+
+# ----------------------------------------------------------------------------- seeds and claims
+
+
+def test_seed_stats_is_scipys_t_interval():
+    v = [0.61, 0.58, 0.66, 0.6]
+    s = harness.seed_stats(v)
+    assert s["n"] == 4 and s["mean"] == pytest.approx(np.mean(v))
+    assert s["sd"] == pytest.approx(np.std(v, ddof=1))
+    lo, hi = stats.t.interval(0.95, 3, loc=np.mean(v), scale=stats.sem(v))
+    assert s["ci"] == pytest.approx([lo, hi])
+    assert harness.seed_stats([0.5])["ci"] is None
+    assert harness.seed_stats([0.5, 0.5])["ci"] == [0.5, 0.5]
+    with pytest.raises(ValueError, match="at least one"):
+        harness.seed_stats([])
+
+
+@pytest.mark.parametrize(
+    "values, threshold, direction, verdict",
+    [([0.1, 0.12, 0.11], 0.0, ">", "reproduced"),
+     ([-0.1, -0.12, -0.11], 0.0, ">", "not reproduced"),
+     ([0.1, -0.12, 0.05], 0.0, ">", "inconclusive"),
+     ([0.01, 0.02, 0.015], 0.03, "<", "reproduced"),
+     ([0.05, 0.06, 0.055], 0.03, "<", "not reproduced"),
+     ([0.5], 0.0, ">", "inconclusive"),
+     ([0.5, 0.5], 0.0, ">", "inconclusive")],
+)  # fmt: skip
+def test_decide(values, threshold, direction, verdict):
+    assert cl.decide(values, threshold, direction)[0] == verdict
+
+
+def test_comparison_is_paired_by_seed():
+    # B is far noisier across seeds than A - B: pairing sees the consistent difference
+    a, b = [0.50, 0.70, 0.90], [0.49, 0.68, 0.885]
+    c = cl.comparison_claim("x", "A beats B", "Fig. 1", "A > B", a, b, names=("A", "B"),
+                            quantity="accuracy")  # fmt: skip
+    assert c.verdict == "reproduced" and c.values == pytest.approx([0.01, 0.02, 0.015])
+    with pytest.raises(ValueError, match="one value per seed"):
+        cl.comparison_claim("x", "t", "s", "p", [1, 2], [1], names=("A", "B"), quantity="q")
+
+
+def test_untestable_precondition_and_rendering():
+    u = cl.untestable("svhn", "Uses SVHN", "NI §4.2", "SVHN", "not available offline")
+    assert u.verdict == "not testable here"
+    c = cl.threshold_claim("t", "T", "Table 1", "1.0", [0.2, 0.21, 0.22], quantity="q",
+                           threshold=0.1)  # fmt: skip
+    gated = cl.precondition(c, holds=False, reason="no dip to close")
+    assert gated.verdict == "inconclusive" and gated.ours == c.ours
+    assert cl.precondition(c, holds=True, reason="-") is c
+    html = cl.claims_table([u, c]).to_html()
+    assert "not testable here" in html and "#d4edda" in html  # verdicts coloured
+    text = cl.verdict_sentences([u, c])
+    assert "**reproduced**" in text and "not available offline" in text
+    with pytest.raises(ValueError, match="verdict"):
+        cl.Claim("i", "t", "s", "p", "o", "r", "maybe")
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
+    ok = harness.results_dict("x", "smoke", fb.CONFIGS["smoke"], [0, 1], {}, {}, [],
+                              {"code_fingerprint": "f"})  # fmt: skip
+    assert tuple(ok) == harness.SCHEMA and ok["config"]["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="keys"):
+        harness.check_results({k: v for k, v in ok.items() if k != "claims"})
+    with pytest.raises(ValueError, match="plain JSON"):
+        harness.check_results({**ok, "models": {"NI": nn.Linear(1, 1)}})
+    with pytest.raises(ValueError, match="lacks"):
+        harness.check_results({**ok, "claims": [{"id": "a"}]})
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def test_probes_record_only_inside_a_trace():
+    cfg = NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
+                   mlp_hidden=16, input_kind="vector", num_elements=5, num_cls=1, num_outputs=1)  # fmt: skip
+    model = NeuralInterpreter(cfg).eval()
+    x = torch.rand(4, 5)
+    with torch.no_grad():
+        out = model(x, return_routing=True)
+        with probes.trace("ni.compatibility") as t, probes.trace() as everything:
+            assert probes.tracing()
+            model(x)
+        model(x)  # outside: nothing more recorded
+    assert not probes.tracing()
+    assert set(t) == {"ni.compatibility"} and {"ni.types", "ni.compatibility"} <= set(everything)
+    torch.testing.assert_close(t.stack("ni.compatibility", 1), out.compatibilities[0])
+    assert len(t["ni.compatibility"]) == 2
+    with pytest.raises(KeyError, match="recorded"):
+        t.stack("nac.confidences")
+
+
+# ----------------------------------------------------------------------------- every experiment
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_has_the_harness_parts(name):
+    mod = importlib.import_module(f"modnets.experiments.{name}")
+    assert set(mod.CONFIGS) == {"smoke", "cpu", "gpu"}
+    assert len(mod.CONFIGS["smoke"].seeds) == 2
+    assert len(mod.CONFIGS["cpu"].seeds) >= 3
+    assert all(isinstance(v, dict) and {"value", "source"} <= set(v) for v in mod.PAPER.values())
+    for attr in ("run", "claims", "dry_run", "TRAIN_CODE", "NAME", "main"):
+        assert hasattr(mod, attr), attr
+    assert mod.NAME == name
+    harness.code_fingerprint(*mod.TRAIN_CODE)  # every part is hashable
+
+
+#: What each experiment's gpu dry run must build, and what may get no gradient at initialisation.
+DRY_RUNS = {
+    "fuzzy_boolean": ({"NI (pretraining)"}, False),
+    "digits": ({"NI (pretraining)", "ViT (pretraining)"}, False),
+    "tiny_imagenet": ({"Perceiver IO", "NAC (scale_free)", "NAC (planted_partition)",
+                       "NAC (ring_of_cliques)", "NAC (erdos_renyi)"}, False),
+    "stacked_mnist": ({"CNN", "NFM(CNN)"}, True),  # gamma = 0 at first: the NFM reads are silent
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_gpu_configuration_takes_a_finite_training_step(name):
+    """The paper-scale models of every experiment, one step at batch 2 on CPU: a finite loss,
+    and a gradient on every trainable parameter (zero only where the module says why)."""
+    models, some_zero = DRY_RUNS[name]
+    report = harness.dry_run(name, "gpu")
+    assert set(report) == models
+    assert all(np.isfinite(r["loss"]) for r in report.values())
+    assert any(r["zero_grad"] for r in report.values()) == some_zero
+    if name == "tiny_imagenet":
+        assert all(r["parameters"] > 10_000_000 for r in report.values())  # Table 4's sizes
+    if name == "stacked_mnist":
+        assert report["CNN"]["zero_grad"] == []  # every parameter of the CNN learns from step one
+
+
+def test_a_resumed_fit_logs_the_same_curve(tmp_path):
+    """Interrupted between two points of the loss curve, a resumed run logs what an
+    uninterrupted run logs (the sums since the last point are part of the training state)."""
+    import signal
+
+    x = torch.randn(8, 3)
+    cfg = TrainConfig(epochs=3, batch_size=2, lr=1e-2, log_points=3, amp=False)
+
+    def train(path, interrupt_at=None, resume=False):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        calls = {"n": 0}
+
+        def step(net, idx):
+            calls["n"] += 1
+            if calls["n"] == interrupt_at:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C: finish this step, save, stop
+            return net(x[idx]).pow(2).mean()
+
+        hist = fit(model, step, cfg, n=8, show_progress=False, state_path=path, resume=resume)
+        return model, hist
+
+    straight_model, straight = train(None)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "s.pt", interrupt_at=6)  # steps 4..8 form one log interval
+    model, resumed = train(tmp_path / "s.pt", resume=True)
+    for h in (straight, resumed):
+        h.pop("seconds")
+    assert resumed == straight
+    torch.testing.assert_close(model.weight, straight_model.weight, rtol=0, atol=0)
