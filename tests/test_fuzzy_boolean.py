@@ -17,6 +17,7 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
+from modnets.experiments.harness import SCHEMA
 from modnets.training import r2_score
 
 CORNERS = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)))
@@ -100,9 +101,9 @@ def test_r2_equals_reference():
 
 
 def test_regimes_freeze_exactly_the_intended_parameters():
-    cfg = fb.CONFIGS["smoke"]
-    model = fb.build_model(cfg)
-    model.reset_cls_tokens(cfg.num_finetune_functions)
+    t = fb.CONFIGS["smoke"].train
+    model = fb.build_model(t)
+    model.reset_cls_tokens(t.num_finetune_functions)
     script = model.scripts[0]
     n_cls = model.cls.tokens.numel()
     n_type = sum(p.numel() for p in script.iteration.type_inference.parameters())
@@ -123,12 +124,63 @@ def test_experiment_runs_end_to_end_at_smoke_profile(tmp_path):
     out = tmp_path / "results.json"
     fb.main(["--profile", "smoke", "--quiet", "--out", str(out)])
     results = json.loads(out.read_text())
-    assert results["profile"] == "smoke"
+    assert tuple(results) == SCHEMA
+    assert results["profile"] == "smoke" and results["seeds"] == [0, 1]
+    models = results["models"]
     for key in ("pretrain", *fb.REGIMES):
-        r2 = results[key]["r2"]
-        n = 20 if key == "pretrain" else 10
-        assert len(r2) == n and all(np.isfinite(r2))
-    assert results["cls"]["trainable_parameters"] < results["type"]["trainable_parameters"]
-    assert results["type"]["trainable_parameters"] < results["all"]["trainable_parameters"]
+        assert [r["seed"] for r in models[key]["per_seed"]] == [0, 1]
+        for r in models[key]["per_seed"]:
+            n = 20 if key == "pretrain" else 10
+            assert len(r["r2"]) == n and all(np.isfinite(r["r2"]))
+        assert models[key]["mean_r2"]["n"] == 2
+    n = {k: models[k]["per_seed"][0]["trainable_parameters"] for k in fb.REGIMES}
+    assert n["cls"] < n["type"] < n["all"]
+    assert {c["id"] for c in results["claims"]} == {
+        "pretrain-fit",
+        "type>cls",
+        "all>type",
+        "gap-closed",
+    }
+    routing = results["diagnostics"]["routing_after_pretraining"]
+    assert len(routing) == 2 and len(routing[0]["functions_per_token"]) == 2  # seeds, iterations
     assert "NI Table 1" in fb.format_table(results)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _made_up(r2: dict) -> dict:
+    return {"models": {k: {"per_seed": [{"mean_r2": v} for v in vals]} for k, vals in r2.items()}}
+
+
+def test_claims_compute_every_verdict_from_made_up_results():
+    reproduced = _made_up({"pretrain": [0.998, 0.997, 0.999], "cls": [0.90, 0.91, 0.92],
+                           "type": [0.98, 0.985, 0.99], "all": [0.995, 0.996, 0.997]})  # fmt: skip
+    assert {c.id: c.verdict for c in fb.claims(reproduced)} == dict.fromkeys(
+        ("pretrain-fit", "type>cls", "all>type", "gap-closed"), "reproduced"
+    )
+    # type no better than cls, all worse than type, pretraining poor
+    failed = _made_up({"pretrain": [0.90, 0.91, 0.92], "cls": [0.95, 0.96, 0.97],
+                       "type": [0.90, 0.905, 0.92], "all": [0.80, 0.81, 0.82]})  # fmt: skip
+    verdicts = {c.id: c.verdict for c in fb.claims(failed)}
+    assert (
+        verdicts["pretrain-fit"] == verdicts["type>cls"] == verdicts["all>type"] == "not reproduced"
+    )
+    assert next(c for c in fb.claims(failed) if c.id == "gap-closed").reason.startswith("no gap")
+    noisy = _made_up({"pretrain": [0.98, 0.999, 0.995], "cls": [0.90, 0.95, 0.92],
+                      "type": [0.95, 0.92, 0.93], "all": [0.97, 0.91, 0.99]})  # fmt: skip
+    assert {c.verdict for c in fb.claims(noisy)} == {"inconclusive"}
+
+
+def test_a_checkpoint_that_does_not_fit_is_retrained(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    config = fb.CONFIGS["smoke"]
+    first = fb.trained_models(config, seed=0, show_progress=False)
+    path = next(tmp_path.glob("fuzzy_boolean-pretrain_*.pt"))
+    torch.save({"format": "modnets-model-v2", "model": {"w": torch.zeros(3)}, "history": {}}, path)
+    with pytest.warns(UserWarning, match="retraining"):
+        again = fb.trained_models(config, seed=0, show_progress=False)
+    for (a, _), (b, _) in zip(first.values(), again.values(), strict=True):  # the same training
+        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+            torch.testing.assert_close(x, y)
+    path.write_bytes(b"not a checkpoint")  # a truncated file is retrained too
+    with pytest.warns(UserWarning, match="retraining"):
+        fb.trained_models(config, seed=0, show_progress=False)
