@@ -1,5 +1,6 @@
 """NI §4.2 experiment plumbing on tiny fake datasets (no real data needed)."""
 
+import functools
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ from PIL import Image
 from test_digits_data import fake_mnist
 
 from modnets.experiments import digits
+from modnets.experiments.harness import SCHEMA
 
 RNG = np.random.default_rng(1)
 
@@ -55,7 +57,7 @@ def test_balanced_sample():
 
 def test_data_resplits_mnist_m_and_keeps_kmnist_parts_disjoint(fake_root):
     cfg = digits.CONFIGS["smoke"]
-    data = digits.load_pretraining_data(cfg, fake_root, verify=False)
+    data = digits.load_pretraining_data(cfg.train, fake_root, verify=False)
     assert data.names == ("mnist", "mnist_m")
     n_mm_train = int((data.d_train == 1).sum())
     assert n_mm_train == 96 and int((data.d_val == 1).sum()) == 24  # 120 split 80/20
@@ -67,13 +69,13 @@ def test_data_resplits_mnist_m_and_keeps_kmnist_parts_disjoint(fake_root):
 
 def test_adaptation_modes_train_the_intended_parameters():
     cfg = digits.CONFIGS["smoke"]
-    ni = digits.build_ni(cfg)
-    full = digits.prepare_adaptation(ni, cfg, mode="all")
+    ni = digits.build_ni(cfg.train)
+    full = digits.prepare_adaptation(ni, mode="all")
     assert full.config.num_cls == 1
     # everything trains but the signatures, which stay fixed as in pretraining (NI §2)
     frozen = {n for n, p in full.named_parameters() if not p.requires_grad}
     assert frozen == {n for n, _ in full.named_parameters() if "signature_chunks" in n}
-    grown = digits.prepare_adaptation(ni, cfg, mode="functions", num_functions=5)
+    grown = digits.prepare_adaptation(ni, mode="functions", num_functions=5)
     script = grown.scripts[0]
     assert script.num_functions == 5 and ni.scripts[0].num_functions == 3  # a copy was grown
     trainable = {n for n, p in grown.named_parameters() if p.requires_grad}
@@ -82,27 +84,133 @@ def test_adaptation_modes_train_the_intended_parameters():
     }
     expected |= {n for n, _ in grown.named_parameters() if n.startswith(("cls.", "heads."))}
     assert trainable == expected
-    resampled = digits.prepare_adaptation(ni, cfg, resample=True)
+    resampled = digits.prepare_adaptation(ni, resample=True)
     assert not torch.allclose(resampled.scripts[0].codes, ni.scripts[0].codes)
     with pytest.raises(ValueError, match="mode"):
-        digits.prepare_adaptation(ni, cfg, mode="heads")
+        digits.prepare_adaptation(ni, mode="heads")
 
 
 def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     cfg = digits.CONFIGS["smoke"]
     results = digits.run(cfg, profile="smoke", show_progress=False, root=fake_root, verify=False)
-    assert set(results["ni"]["val_acc"]) == {"mnist", "mnist_m"}
-    for name in ("NI", "ViT", "NI (re-sampled functions)"):
-        assert set(results["adaptation"][name]) == set(cfg.sample_counts)
-    assert set(results["capacity"]) == set(cfg.capacity_functions)
-    assert set(results["drop"]) == {0, 1, 2}
-    files = list((tmp_path / "ckpt").glob("digits_*.pt"))
-    assert len([f for f in files if not f.name.endswith(".train.pt")]) == 2  # the models
-    assert len([f for f in files if f.name.endswith(".train.pt")]) == 2  # resumable states
-    again = digits.run(cfg, profile="smoke", show_progress=False, root=fake_root, verify=False)
-    assert again["ni"]["history"] == results["ni"]["history"]  # loaded, not retrained
-    assert again["ni"]["val_acc"] == results["ni"]["val_acc"]
+    assert tuple(results) == SCHEMA and results["seeds"] == [0, 1]
+    m = results["models"]
+    for kind in digits.KINDS:
+        runs = m[kind]["per_seed"]
+        assert [r["seed"] for r in runs] == [0, 1]
+        assert all(set(r["val_acc"]) == {"mnist", "mnist_m"} for r in runs)
+        assert {"val_mnist", "val_mnist_m", "val_mean"} <= set(runs[0]["history"])
+        assert m[kind]["mean_val_acc"]["n"] == 2
+        assert set(m[kind]["adaptation"]) == {str(n) for n in cfg.sample_counts}
+        assert all(len(v) == cfg.adaptation_seeds for v in runs[0]["adaptation"].values())
+    assert set(m["ni"]["adaptation_resampled"]) == {str(n) for n in cfg.sample_counts}
+    assert set(m["ni"]["capacity"]) == {str(u) for u in cfg.capacity_functions}
+    assert set(m["ni"]["drop"]) == {"0", "1", "2"}
+    assert set(m["ni"]["anytime"]) == {"0", "1", "2", "3", "4"}  # 0 .. 2 n_i
+    routing = results["diagnostics"]["routing_after_pretraining"]
+    assert [r["seed"] for r in routing] == [0, 1] and len(routing[0]["entropy"]) == 2
+    assert len(routing[0]["share"][0]) == 3  # iterations x functions
+    assert {c["id"] for c in results["claims"]} == {
+        "fig5a", "fig6", "fig5b", "fig5c", "fig8-more", "fig8-extra", "val-match", "svhn"
+    }  # fmt: skip
+    files = list((tmp_path / "ckpt").glob("digits-*.pt"))
+    assert len(files) == 4 and not any(f.name.endswith(".train.pt") for f in files)
+    # another analysis of the same pretraining loads the models: nothing is retrained
+    other = digits.DigitsConfig(cfg.train, seeds=cfg.seeds, kmnist_pool=200, kmnist_eval=200,
+                                sample_counts=(30,), finetune_epochs=1, adaptation_seeds=1,
+                                capacity_functions=(3,), drop_trials=1)  # fmt: skip
+    again = digits.run(other, profile="smoke", show_progress=False, root=fake_root, verify=False)
+    for kind in digits.KINDS:
+        for a, b in zip(m[kind]["per_seed"], again["models"][kind]["per_seed"], strict=True):
+            assert a["history"] == b["history"] and a["val_acc"] == b["val_acc"]
+    assert len(list((tmp_path / "ckpt").glob("digits-*.pt"))) == 4
     out = digits.save_results(results, tmp_path / "r.json")
     assert json.loads(out.read_text())["profile"] == "smoke"
     assert "K-MNIST" in digits.format_summary(results)
+
+
+def test_a_checkpoint_that_does_not_fit_is_retrained(fake_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    cfg = digits.CONFIGS["smoke"]
+    data = digits.load_pretraining_data(cfg.train, fake_root, verify=False)
+    kw = dict(data=data, show_progress=False, root=fake_root, verify=False)
+    first, _ = digits.trained_model("ni", cfg, 0, **kw)
+    path = next(tmp_path.glob("digits-ni_*.pt"))
+    torch.save({"format": "modnets-model-v2", "model": {"w": torch.zeros(3)}, "history": {}}, path)
+    with pytest.warns(UserWarning, match="retraining"):
+        again, history = digits.trained_model("ni", cfg, 0, **kw)
+    assert history["epoch"] == [1]  # trained afresh, the same training
+    for x, y in zip(first.state_dict().values(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y)
+    path.write_bytes(b"not a checkpoint")  # a truncated file is retrained too
+    with pytest.warns(UserWarning, match="retraining"):
+        digits.trained_model("ni", cfg, 0, **kw)
+    loaded, _ = digits.trained_model("ni", cfg, 0, **kw)  # and then loaded, without a warning
+    torch.testing.assert_close(loaded.state_dict(), first.state_dict())
+
+
+def _made_up(**q) -> dict:
+    """Results with one value per pretraining seed of each tested quantity (accuracies)."""
+    ni, vit = [], []
+    for s in range(len(q["ni"])):
+        drop0, drop1 = q["drop0"][s], q["drop1"][s]
+        ni.append({
+            "seed": s, "num_iterations": 4, "mean_val_acc": q["ni_val"][s],
+            "adaptation": {"150": [q["ni"][s] - 0.01, q["ni"][s] + 0.01], "500": [0.9, 0.9]},
+            "adaptation_resampled": {"150": [q["resampled"][s]] * 2, "500": [0.8, 0.8]},
+            "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
+            "drop": {"0": {"mnist": [drop0], "mnist_m": [drop0]},
+                     "1": {"mnist": [drop1 - 0.02, drop1 + 0.02], "mnist_m": [drop1] * 2}},
+            "anytime": {"2": {"mnist": q["half"][s], "mnist_m": q["half"][s]},
+                        "4": {"mnist": q["full"][s] - 0.01, "mnist_m": q["full"][s] + 0.01},
+                        "8": {"mnist": q["double"][s], "mnist_m": q["double"][s]}},
+        })  # fmt: skip
+        vit.append({"seed": s, "mean_val_acc": q["vit_val"][s],
+                    "adaptation": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]}})  # fmt: skip
+    config = {"train": {"datasets": ["mnist", "mnist_m"]}, "sample_counts": [150, 500],
+              "capacity_functions": [5, 8]}  # fmt: skip
+    return {"config": config, "models": {"ni": {"per_seed": ni}, "vit": {"per_seed": vit}}}
+
+
+def test_claims_compute_every_verdict_from_made_up_results():
+    tested = ("fig5a", "fig6", "fig5b", "fig5c", "fig8-more", "fig8-extra", "val-match")
+    reproduced = _made_up(
+        ni=[0.60, 0.62, 0.61], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.42, 0.41],
+        cap_min=[0.50, 0.52, 0.51], cap_max=[0.60, 0.61, 0.63], drop0=[0.90, 0.91, 0.92],
+        drop1=[0.88, 0.885, 0.90], half=[0.70, 0.72, 0.71], full=[0.90, 0.91, 0.92],
+        double=[0.90, 0.90, 0.91], ni_val=[0.90, 0.91, 0.92], vit_val=[0.905, 0.90, 0.915],
+    )  # fmt: skip
+    verdicts = {c.id: c.verdict for c in digits.claims(reproduced)}
+    assert verdicts == {**dict.fromkeys(tested, "reproduced"), "svhn": "not testable here"}
+    failed = _made_up(
+        ni=[0.40, 0.42, 0.41], vit=[0.50, 0.51, 0.52], resampled=[0.60, 0.62, 0.61],
+        cap_min=[0.60, 0.61, 0.63], cap_max=[0.50, 0.52, 0.51], drop0=[0.90, 0.91, 0.92],
+        drop1=[0.50, 0.52, 0.51], half=[0.90, 0.91, 0.92], full=[0.70, 0.72, 0.71],
+        double=[0.30, 0.31, 0.32], ni_val=[0.90, 0.91, 0.92], vit_val=[0.80, 0.81, 0.80],
+    )  # fmt: skip
+    verdicts = {c.id: c.verdict for c in digits.claims(failed)}
+    assert verdicts == {**dict.fromkeys(tested, "not reproduced"), "svhn": "not testable here"}
+    noisy = _made_up(
+        ni=[0.60, 0.40, 0.52], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.62, 0.50],
+        cap_min=[0.50, 0.62, 0.51], cap_max=[0.60, 0.51, 0.53], drop0=[0.90, 0.91, 0.92],
+        drop1=[0.88, 0.70, 0.85], half=[0.70, 0.95, 0.90], full=[0.90, 0.91, 0.92],
+        double=[0.90, 0.70, 0.95], ni_val=[0.90, 0.91, 0.92], vit_val=[0.90, 0.95, 0.91],
+    )  # fmt: skip
+    verdicts = {c.id: c.verdict for c in digits.claims(noisy)}
+    assert verdicts == {**dict.fromkeys(tested, "inconclusive"), "svhn": "not testable here"}
+    with_svhn = {**reproduced, "config": {**reproduced["config"],
+                                          "train": {"datasets": ["svhn", "mnist_m", "mnist"]}}}  # fmt: skip
+    assert "svhn" not in {c.id for c in digits.claims(with_svhn)}
+
+
+def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
+    # the fake files are not the released ones: read them without the md5 check
+    monkeypatch.setattr(digits, "run", functools.partial(digits.run, root=fake_root, verify=False))
+    out = tmp_path / "results.json"
+    digits.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert tuple(results) == SCHEMA and results["seeds"] == [0, 1]
+    assert results["claims"] and all(c["verdict"] for c in results["claims"])
+    assert not list(tmp_path.glob("*.tmp"))
