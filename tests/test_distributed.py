@@ -14,19 +14,20 @@ from modnets.experiments import tiny_imagenet as ti
 HERE = Path(__file__).parent
 # augmentation off: each rank would draw its own crops; the Concrete kernels are drawn from the
 # same seed on every rank, as in one process
+SMOKE = ti.CONFIGS["smoke"].train
 CONFIG = dataclasses.replace(
-    ti.CONFIGS["smoke"], classes=3, max_train_per_class=None, max_val_per_class=None,
-    batch_size=4, epochs=2, augment=None,
+    SMOKE, classes=3, max_train_per_class=None, max_val_per_class=None, augment=None,
+    nac_train=dataclasses.replace(SMOKE.nac_train, epochs=2, batch_size=4, lr=1e-2),
 )  # fmt: skip
 
 
-def train_once(config) -> dict:
+def train_once(config, seed: int = 0) -> dict:
     from modnets.utils import seed_everything
 
     data = ti.load_data(config)
-    seed_everything(config.seed)
+    seed_everything(seed)
     model = ti.build_model("nac", config).double()  # float64: summation order stays invisible
-    ti.train(model, data, config, lr=1e-2, show_progress=False)
+    ti.train(model, data, config, config.nac_train, seed, show_progress=False)  # via fit
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -51,7 +52,7 @@ def test_two_ranks_match_one_process(fake_data):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (torch.load(out / f"rank{r}.pt") for r in (0, 1))
     single = train_once(CONFIG)
-    other = train_once(dataclasses.replace(CONFIG, seed=1))  # other batches, other kernels
+    other = train_once(CONFIG, seed=1)  # other batches, other kernels
     for k in single:
         torch.testing.assert_close(r0[k], r1[k], rtol=0, atol=0)  # ranks stay identical
     gap = max((r0[k] - single[k]).abs().max().item() for k in single)

@@ -16,16 +16,17 @@ from modnets.utils import seed_everything
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tiny_imagenet_data import make_tree  # noqa: E402
 
+SMOKE = ti.CONFIGS["smoke"].train
 # augmentation on: its RNG state must survive the interruption too
 CONFIG = dataclasses.replace(
-    ti.CONFIGS["smoke"],
+    SMOKE,
     classes=3,
     max_train_per_class=None,
     max_val_per_class=None,
-    batch_size=4,
-    epochs=3,
     augment="smoke",
+    nac_train=dataclasses.replace(SMOKE.nac_train, epochs=3, batch_size=4, lr=1e-2),
 )  # fmt: skip  (13 training images: 3 steps per epoch, 9 in all)
+SEED = 0
 
 
 @pytest.fixture
@@ -37,8 +38,12 @@ def data(tmp_path, monkeypatch):
 
 
 def fresh_model():
-    seed_everything(CONFIG.seed)
+    seed_everything(SEED)
     return ti.build_model("nac", CONFIG)
+
+
+def train(model, data, **kwargs):
+    return ti.train(model, data, CONFIG, CONFIG.nac_train, SEED, show_progress=False, **kwargs)
 
 
 def interrupt_at(model, step):
@@ -58,23 +63,24 @@ def interrupt_at(model, step):
 
 def test_interrupted_and_resumed_equals_uninterrupted(data, tmp_path):
     straight = fresh_model()
-    h_straight = ti.train(straight, data, CONFIG, lr=1e-2, show_progress=False)
+    h_straight = train(straight, data)
 
     state = tmp_path / "state.pt"
     first = fresh_model()
     interrupt_at(first, 5)  # mid-epoch 2 (steps 4-6)
     with pytest.raises(KeyboardInterrupt, match="after step 5"):
-        ti.train(first, data, CONFIG, lr=1e-2, show_progress=False, state_path=state)
+        train(first, data, state_path=state)
     saved = load_train_state(state)
     assert saved["step"] == 5 and saved["epoch"] == 1 and saved["batch_in_epoch"] == 2
 
     second = fresh_model()
     torch.manual_seed(12345)  # the resumed process starts from unrelated RNG states
-    h_resumed = ti.train(second, data, CONFIG, lr=1e-2, show_progress=False, state_path=state,
-                         resume=True)  # fmt: skip
+    h_resumed = train(second, data, state_path=state, resume=True)
     for k, v in straight.state_dict().items():
         assert torch.equal(v, second.state_dict()[k]), k  # bitwise
+    h_straight.pop("seconds"), h_resumed.pop("seconds")  # wall time differs, nothing else
     assert h_resumed == h_straight
+    assert len(h_straight["step"]) == 9 and len(h_straight["val_top1"]) == 3
     assert not torch.equal(
         straight.state_dict()["generator.codes"], fresh_model().state_dict()["generator.codes"]
     )  # training moved it

@@ -1,4 +1,5 @@
-"""NAC §4.1 experiment plumbing on a fake Tiny-ImageNet tree: train, checkpoint, prune, measure."""
+"""NAC §4.1 experiment plumbing on a fake Tiny-ImageNet tree: train, checkpoint, prune, measure,
+claims, the command line and the gpu dry run."""
 
 import dataclasses
 import json
@@ -7,13 +8,19 @@ import pytest
 import torch
 from test_tiny_imagenet_data import make_tree
 
+from modnets.experiments import harness
 from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.harness import SCHEMA
 from modnets.nac import NeuralAttentiveCircuit
 
-TINY = dataclasses.replace(
-    ti.CONFIGS["smoke"], classes=3, max_train_per_class=None, max_val_per_class=None,
-    batch_size=4, drop_fractions=(0.0, 0.5, 0.9), edge_fractions=(0.0, 1.0),
+SMOKE = ti.CONFIGS["smoke"]
+TRAIN = dataclasses.replace(
+    SMOKE.train, classes=3, max_train_per_class=None, max_val_per_class=None,
+    nac_train=dataclasses.replace(SMOKE.train.nac_train, batch_size=4),
+    pio_train=dataclasses.replace(SMOKE.train.pio_train, batch_size=4),
 )  # fmt: skip
+TINY = dataclasses.replace(SMOKE, train=TRAIN, drop_fractions=(0.0, 0.5, 0.9),
+                           edge_fractions=(0.0, 1.0))  # fmt: skip
 
 
 @pytest.fixture
@@ -27,23 +34,125 @@ def env(tmp_path, monkeypatch):
 
 def test_run_trains_checkpoints_and_reloads(env):
     first = ti.run(TINY, profile="smoke", show_progress=False)
+    assert tuple(first) == SCHEMA and first["seeds"] == [0, 1]
     assert set(first["models"]) == {"Perceiver IO", "NAC (scale_free)"}
     nac = first["models"]["NAC (scale_free)"]
-    assert [d["modules"] for d in nac["drop"]] == [10, 5, 1]  # 10 processor modules in smoke
-    assert [d["fraction"] for d in nac["edges"]] == [0.0, 1.0]
-    gflops = [s["gflops"] for s in nac["speed"]]
-    assert gflops[0] > gflops[1] > gflops[2] > 0  # compute really shrinks
-    assert len(list((env / "ckpt").glob("tiny_imagenet_*[0-9a-f].pt"))) == 2  # models
-    assert len(list((env / "ckpt").glob("tiny_imagenet_*.train.pt"))) == 2  # resumable states
-    json.dumps({k: v for k, v in first.items()})  # JSON-serialisable
+    assert [r["seed"] for r in nac["per_seed"]] == [0, 1]
+    run0 = nac["per_seed"][0]
+    # 10 processor modules in smoke; 0.8 is always measured (the claims need it)
+    assert [d["modules"] for d in run0["drop"]] == [10, 5, 2, 1]
+    assert [d["fraction"] for d in run0["edges"]] == [0.0, 0.9, 1.0]
+    gflops = [s["gflops"] for s in run0["speed"]]
+    assert gflops[0] > gflops[1] > gflops[2] > gflops[3] > 0  # compute really shrinks
+    assert run0["lost_at80"] == pytest.approx(run0["top1"] - run0["top1_at80"])
+    assert nac["top1"]["n"] == 2 and nac["speedup_at80"]["n"] == 2
+    assert {"loss", "ce", "graph", "val_top1", "epoch", "step"} <= set(run0["history"])
+    assert "graph" not in first["models"]["Perceiver IO"]["per_seed"][0]["history"]
+    diag = first["diagnostics"]["NAC (scale_free)"]
+    assert [d["seed"] for d in diag] == [0, 1]
+    assert len(diag[0]["links_trained"]["q"]) == 10 and len(diag[0]["links_init"]["q"]) == 10
+    assert {c["id"] for c in first["claims"]} == {"table1", "fig5a-drop80", "fig15-loses-less",
+                                                 "fig5-caption", "fig5b-speedup", "fig10-edges",
+                                                 "ood-r"}  # fmt: skip
+    assert len(list((env / "ckpt").glob("tiny_imagenet-*[0-9a-f].pt"))) == 4  # 2 models x 2 seeds
+    assert not list((env / "ckpt").glob("*.train.pt"))  # finished models replace their states
+    json.dumps(first)  # plain JSON
     again = ti.run(TINY, profile="smoke", show_progress=False)  # loads the checkpoints
-    assert again["models"]["NAC (scale_free)"]["top1"] == nac["top1"]
-    assert again["models"]["NAC (scale_free)"]["history"] == nac["history"]
+    again_nac = again["models"]["NAC (scale_free)"]
+    assert per_seed_top1(again_nac) == per_seed_top1(nac)
+    assert [r["history"] for r in again_nac["per_seed"]] == [r["history"] for r in nac["per_seed"]]
+    # the seeds really differ
+    assert nac["per_seed"][0]["history"]["loss"] != nac["per_seed"][1]["history"]["loss"]
+
+
+def per_seed_top1(entry):
+    return [r["top1"] for r in entry["per_seed"]]
+
+
+def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypatch):
+    calls = []
+    train = ti.train
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(ti, "train", counting)
+    data = ti.load_data(TRAIN)
+    model, history = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+    assert len(calls) == 1
+    (path,) = (env / "ckpt").glob("tiny_imagenet-nac-scale_free_*.pt")
+    ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)  # loads: no training
+    assert len(calls) == 1
+    # a checkpoint of another model (other shapes)
+    torch.save({"format": harness.CHECKPOINT_FORMAT, "model": {"tokenizer.pos": torch.zeros(3)},
+                "history": {}}, path)  # fmt: skip
+    with pytest.warns(UserWarning, match="retraining"):
+        again, h = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+    assert len(calls) == 2 and h["step"] == history["step"]
+    for k, v in model.state_dict().items():  # same seed, same training: the same weights
+        torch.testing.assert_close(again.state_dict()[k], v)
+    path.write_bytes(b"not a checkpoint")  # garbage
+    with pytest.warns(UserWarning, match="retraining"):
+        ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+    assert len(calls) == 3
+    ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)  # rewritten: loads
+    assert len(calls) == 3
+
+
+def fake_results(nac: dict, pio: dict) -> dict:
+    """Made-up results: ``{key: [value per seed]}`` for the NAC and Perceiver IO."""
+
+    def runs(values):
+        n = len(next(iter(values.values())))
+        return [{"seed": s, **{k: v[s] for k, v in values.items()}} for s in range(n)]
+
+    return {"models": {"Perceiver IO": {"per_seed": runs(pio)},
+                       "NAC (scale_free)": {"per_seed": runs(nac)}}}  # fmt: skip
+
+
+def test_claims_on_made_up_results_give_every_verdict():
+    # each field made up on its own (they need not be consistent with each other here)
+    nac = {"top1": [0.60, 0.61, 0.62], "top1_at80": [0.40, 0.41, 0.40],
+           "lost_at80": [0.20, 0.20, 0.22], "relative_lost_at80": [0.01, 0.012, 0.011],
+           "speedup_at80": [2.0, 2.1, 1.9], "relative_lost_edges90": [-0.05, 0.02, 0.09]}  # fmt: skip
+    pio = {"top1": [0.50, 0.52, 0.51], "lost_at80": [0.30, 0.32, 0.35]}
+    verdicts = {c.id: c.verdict for c in ti.claims(fake_results(nac, pio))}
+    assert verdicts == {
+        "table1": "reproduced",  # NAC above PIO at every seed
+        "fig5a-drop80": "reproduced",  # about 1 % relative loss
+        "fig15-loses-less": "reproduced",  # PIO loses more at every seed
+        "fig5-caption": "not reproduced",  # the NAC at 80 % is well below the full PIO
+        "fig5b-speedup": "not reproduced",  # about 2x
+        "fig10-edges": "inconclusive",  # straddles 3 %
+        "ood-r": "not testable here",
+    }
+    # one seed: no interval, so no verdict
+    one = {k: v[:1] for k, v in nac.items()}
+    c = {c.id: c for c in ti.claims(fake_results(one, {k: v[:1] for k, v in pio.items()}))}
+    assert c["table1"].verdict == "inconclusive" and "one seed" in c["table1"].reason
+    # the comparison is paired by seed, not by position
+    pio_shuffled = fake_results(nac, pio)
+    pio_shuffled["models"]["Perceiver IO"]["per_seed"].reverse()
+    table1 = next(c for c in ti.claims(pio_shuffled) if c.id == "table1")
+    assert table1.values == pytest.approx([0.10, 0.09, 0.11])
+    assert "relative" in next(c for c in ti.claims(pio_shuffled) if c.id == "fig5a-drop80").text
+
+
+def test_cli_at_smoke_writes_the_schema(env, monkeypatch):
+    monkeypatch.setitem(ti.CONFIGS, "smoke", TINY)  # the fake tree has 3 classes
+    out = env / "results.json"
+    ti.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert tuple(results) == SCHEMA
+    assert results["seeds"] == [0, 1] and results["profile"] == "smoke"
+    assert results["claims"] and all(c["verdict"] for c in results["claims"])
+    assert "top-1" in ti.format_summary(results)
 
 
 def test_pruned_drops_least_connected_first():
     torch.manual_seed(0)
-    model = ti.build_model("nac", TINY)
+    model = ti.build_model("nac", TRAIN)
     assert isinstance(model, NeuralAttentiveCircuit)
     small = ti.pruned(model, 0.5)
     q = model.module_importance()
@@ -51,7 +160,7 @@ def test_pruned_drops_least_connected_first():
     assert small.config.num_processors == 5
     assert q[kept].min() >= q[~model.keep_mask(5)].max()  # the 5 dropped are the least connected
     torch.testing.assert_close(small.generator.codes, model.generator.codes[kept])
-    pio = ti.build_model("pio", TINY)
+    pio = ti.build_model("pio", TRAIN)
     assert ti.pruned(pio, 0.9).latents.shape[0] == 1
 
 
@@ -65,4 +174,4 @@ def test_tokenizer_shapes_and_errors():
     with pytest.raises(ValueError, match="images"):
         tok(torch.randn(2, 3, 32, 32))
     with pytest.raises(ValueError, match="kind"):
-        ti.build_model("vit", TINY)
+        ti.build_model("vit", TRAIN)
