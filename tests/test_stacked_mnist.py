@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from test_digits_data import fake_mnist
 
+from modnets.data import digits as digits_data
 from modnets.data.stacked_mnist import downsample, make_canvases, sample_positions
+from modnets.experiments import harness
 from modnets.experiments import stacked_mnist as sm
 from modnets.experiments.results import load_results, save_results
 
@@ -80,9 +82,13 @@ def test_bad_arguments():
 
 # ----------------------------------------------------------------------------- the experiment
 
+SMOKE = sm.CONFIGS["smoke"]
 TINY = dataclasses.replace(
-    sm.CONFIGS["smoke"], train_per_count=16, val_per_count=8, test_per_count=8, val_images=100,
-    batch_size=8, width=2, epochs=2, read_canvases=8,
+    SMOKE,
+    train=dataclasses.replace(SMOKE.train, train_per_count=16, val_per_count=8, val_images=100,
+                              width=2, optim=dataclasses.replace(SMOKE.train.optim, epochs=2,
+                                                                 batch_size=8)),
+    test_per_count=8, read_canvases=8, probe_canvases=4,
 )  # fmt: skip
 
 
@@ -103,6 +109,8 @@ def test_data_splits(env):
     assert data["test"][5].num_digits == 5
     again = sm.load_data(TINY, verify=False)
     assert torch.equal(again["train"][1].images, data["train"][1].images)
+    assert torch.equal(sm.training_data(TINY.train, verify=False)["val"][3].images,
+                       data["val"][3].images)  # fmt: skip
 
 
 def test_batches_hold_one_digit_count():
@@ -115,13 +123,14 @@ def test_batches_hold_one_digit_count():
 
 
 def test_nfm_model_starts_as_the_cnn():
-    cnn, nfm = sm.build_model("cnn", TINY).eval(), sm.build_model("nfm", TINY).eval()
+    cnn = sm.build_model("cnn", TINY.train, seed=0).eval()
+    nfm = sm.build_model("nfm", TINY.train, seed=0).eval()
     x = torch.randn(3, 1, 64, 64)
     torch.testing.assert_close(nfm(x), cnn(x))
     assert nfm.nfm.passes == 2 and nfm.nfm.attn(0, 0).top_k == 5
     assert nfm.nfm.attn(1, 3).num_heads == 4 and nfm.nfm.attn(1, 3).key_dim == 16
     with pytest.raises(ValueError, match="kind"):
-        sm.build_model("vit", TINY)
+        sm.build_model("vit", TINY.train)
 
 
 def test_evaluate_is_exact_match():
@@ -141,28 +150,54 @@ def test_evaluate_is_exact_match():
     assert out["exact"] == 0.75 and out["label"] == pytest.approx(39 / 40)
 
 
+def test_ood_dip_is_the_gap_below_the_geometric_mean_of_the_neighbours():
+    assert sm.held_out(TINY) == [2, 4, 5]
+    assert sm.held_out(json.loads(json.dumps(dataclasses.asdict(TINY)))) == [
+        2,
+        4,
+        5,
+    ]  # the JSON form too
+    acc = {"1": 0.9, "2": 0.5, "3": 0.4, "4": 0.1, "5": 0.1}
+    dips = sm.ood_dips(acc, [2, 4, 5])
+    assert set(dips) == {2, 4}  # 5 has no tested neighbour 6
+    assert dips[2] == pytest.approx(0.5 - 0.6) and dips[4] == pytest.approx(0.1 - 0.2)
+
+
 def test_run_trains_checkpoints_reloads_and_saves(env):
     first = sm.run(TINY, profile="smoke", show_progress=False, verify=False)
+    assert tuple(first) == harness.SCHEMA and first["seeds"] == [0, 1]
     assert set(first["models"]) == {"CNN", "NFM(CNN)"}
-    nfm = first["models"]["NFM(CNN)"]
-    assert set(nfm["test"]) == {1, 2, 3, 4, 5}
-    assert nfm["parameters"] > first["models"]["CNN"]["parameters"]
-    reads = np.array(nfm["reads"][5])
+    nfm, cnn = first["models"]["NFM(CNN)"], first["models"]["CNN"]
+    assert [r["seed"] for r in nfm["per_seed"]] == [0, 1]
+    assert set(nfm["test"]) == {"1", "2", "3", "4", "5"} and nfm["test"]["2"]["exact"]["n"] == 2
+    assert nfm["parameters"] > cnn["parameters"]
+    for r in nfm["per_seed"]:
+        assert r["history"]["epoch"] == [1, 2] and 1 <= r["history"]["best_epoch"] <= 2
+        assert len(r["history"]["val_acc"]) == 2
+    diag = first["diagnostics"]["per_seed"]
+    assert [d["seed"] for d in diag] == [0, 1]
+    reads = np.array(diag[0]["read_matrix"]["5"])
     assert reads.shape == (8, 9)  # 2 passes x 4 reads, default slot + 8 states
     np.testing.assert_allclose(reads.sum(1), 1.0, rtol=1e-5)
     assert (np.triu(reads[:, 1:]) == 0).all()  # read i sees only the states written before it
-    assert len(nfm["gamma"]) == 2 and len(nfm["gamma"][0]) == 4
-    assert nfm["history"]["epoch"] == [1, 2] and 1 <= nfm["history"]["best_epoch"] <= 2
-    files = [p.name for p in (env / "ckpt").glob("stacked_mnist_*.pt")]
-    assert sum(f.endswith(".train.pt") for f in files) == 2  # the training states
-    assert sum(not f.endswith(".train.pt") for f in files) == 2  # and the two models
+    traced = diag[0]["nfm_reads"]["3"]
+    # seven reads (the first, with an empty memory, reads nothing); candidates per position:
+    # SpaceToDepth makes h1 (32x32) 4 candidates at 16x16, h1 and h2 16 + 4 at 8x8, ...
+    assert traced["candidates"] == [4, 20, 84, 4, 11, 42, 169]
+    assert all(0 <= w <= 1 for w in traced["default_weight"])
+    assert len(diag[0]["gamma"]) == 2 and len(diag[0]["gamma"][0]) == 4
+    assert set(diag[0]["ood_dip"]["CNN"]) == {"2", "4"}
+    assert first["diagnostics"]["ood_dip"]["NFM(CNN)"]["4"]["n"] == 2
+    assert {c["id"] for c in first["claims"]} == {"table5-2", "table5-4", "table5-5"}
+    files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
+    assert len(files) == 4 and not any(f.endswith(".train.pt") for f in files)  # 2 models x 2 seeds
+    assert sum(f.startswith("stacked_mnist-nfm_") for f in files) == 2
     again = sm.run(TINY, profile="smoke", show_progress=False, verify=False)  # from checkpoints
     assert again["models"]["NFM(CNN)"]["test"] == nfm["test"]
-    assert again["models"]["CNN"]["history"] == first["models"]["CNN"]["history"]
-    path = save_results(first, env / "out.json", exclude=("trained", "data"))
-    loaded = load_results(path)
-    assert loaded["models"]["CNN"]["test"]["1"] == first["models"]["CNN"]["test"][1]
-    summary = sm.format_summary(loaded)  # works on the JSON (string keys) too
+    assert again["models"]["CNN"]["per_seed"][1]["history"] == cnn["per_seed"][1]["history"]
+    loaded = load_results(save_results(first, env / "out.json"))
+    assert loaded["models"]["CNN"]["test"]["1"] == cnn["test"]["1"]
+    summary = sm.format_summary(loaded)
     assert "digits" in summary and "99.27" in summary
     json.dumps(sm.PAPER)
 
@@ -170,12 +205,13 @@ def test_run_trains_checkpoints_reloads_and_saves(env):
 def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     """Ctrl-C mid-epoch saves the state; --resume ends where an uninterrupted run ends, best
     epoch included (the batches of one count, in an order drawn by the resumable loop)."""
-    config = dataclasses.replace(TINY, epochs=3)
-    data = sm.load_data(config, verify=False)
-    straight = sm.build_model("cnn", config)
-    h_straight = sm.train(straight, data, config, show_progress=False)
+    # 12 steps, a point of the loss curve every 4: the interruption falls between two points
+    optim = dataclasses.replace(TINY.train.optim, epochs=3, log_points=3)
+    data = sm.training_data(TINY.train, verify=False)
+    straight = sm.build_model("cnn", TINY.train, seed=0)
+    h_straight = sm.train(straight, data, optim, seed=0, show_progress=False)
 
-    first = sm.build_model("cnn", config)
+    first = sm.build_model("cnn", TINY.train, seed=0)
     calls, forward = {"n": 0}, first.forward
 
     def interrupting(*args, **kwargs):
@@ -188,12 +224,83 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     first.forward = interrupting
     state = tmp_path / "state.pt"
     with pytest.raises(KeyboardInterrupt, match="after step 6"):
-        sm.train(first, data, config, show_progress=False, state_path=state)
+        sm.train(first, data, optim, seed=0, show_progress=False, state_path=state)
     torch.manual_seed(123)  # a new process: unrelated RNG state
-    second = sm.build_model("cnn", config)
-    h_resumed = sm.train(second, data, config, show_progress=False, state_path=state, resume=True)
+    second = sm.build_model("cnn", TINY.train, seed=7)  # other initial weights: all are restored
+    h_resumed = sm.train(second, data, optim, seed=0, show_progress=False, state_path=state,
+                         resume=True)  # fmt: skip
     for k, v in straight.state_dict().items():
         assert torch.equal(v, second.state_dict()[k]), k
+    assert h_straight["step"] == [4, 8, 12]
     for key in ("step", "loss", "epoch", "val_acc", "best_epoch"):
         assert h_resumed[key] == h_straight[key], key
-    assert not torch.equal(straight.head.weight, sm.build_model("cnn", config).head.weight)
+    assert not torch.equal(straight.head.weight, sm.build_model("cnn", TINY.train, 0).head.weight)
+
+
+def test_a_checkpoint_that_does_not_fit_is_retrained(env):
+    data = sm.training_data(TINY.train, verify=False)
+    first, _ = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False, verify=False)
+    path = next((env / "ckpt").glob("stacked_mnist-cnn_*.pt"))
+    other = sm.build_model("cnn", dataclasses.replace(TINY.train, width=3)).state_dict()
+    torch.save({"format": "modnets-model-v2", "model": other, "history": {}}, path)
+    with pytest.warns(UserWarning, match="retraining"):
+        again, history = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False,
+                                          verify=False)  # fmt: skip
+    assert history["epoch"] == [1, 2]  # trained again, to the same weights
+    for x, y in zip(first.state_dict().values(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y)
+    path.write_bytes(b"not a checkpoint")  # a truncated file is retrained too
+    with pytest.warns(UserWarning, match="retraining"):
+        sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False, verify=False)
+    # a changed seed or training configuration is another checkpoint: no warning, a new file
+    sm.trained_model("cnn", TINY, 1, data, "cpu", show_progress=False, verify=False)
+    assert len(list((env / "ckpt").glob("stacked_mnist-cnn_*.pt"))) == 2
+
+
+def _made_up(accuracy: dict) -> dict:
+    """Results with ``accuracy[name][count]`` = exact-match accuracy per seed."""
+    models = {name: {"per_seed": [{"test": {str(c): {"exact": v[i]} for c, v in by_count.items()}}
+                                  for i in range(3)]}
+              for name, by_count in accuracy.items()}  # fmt: skip
+    return {"config": {"test_counts": [1, 2, 3, 4, 5], "train": {"train_counts": [1, 3]}},
+            "models": models}  # fmt: skip
+
+
+def test_claims_compute_every_verdict_from_made_up_results():
+    results = _made_up({
+        "CNN": {1: [0.99] * 3, 2: [0.70, 0.75, 0.72], 3: [0.88] * 3, 4: [0.60, 0.62, 0.61],
+                5: [0.20, 0.30, 0.25]},
+        "NFM(CNN)": {1: [0.99] * 3, 2: [0.85, 0.88, 0.86], 3: [0.88] * 3, 4: [0.50, 0.53, 0.51],
+                     5: [0.30, 0.20, 0.26]},
+    })  # fmt: skip
+    claims = {c.id: c for c in sm.claims(results)}
+    assert list(claims) == ["table5-2", "table5-4", "table5-5"]  # the counts never trained on
+    assert claims["table5-2"].verdict == "reproduced"
+    assert claims["table5-4"].verdict == "not reproduced"
+    assert claims["table5-5"].verdict == "inconclusive"
+    assert claims["table5-2"].paper == "88.36 vs 76.70"
+    assert claims["table5-2"].source == "NFM Table 5"
+    assert claims["table5-2"].text == "NFM(CNN) beats the CNN on 2 digits (never trained on)"
+    np.testing.assert_allclose(claims["table5-4"].values, [-0.10, -0.09, -0.10])
+    # trained on (1, 5): other held-out counts and Table 5's other half
+    results["config"]["train"]["train_counts"] = [1, 5]
+    ids = {c.id: c.paper for c in sm.claims(results)}
+    assert ids == {"table5-2": "84.01 vs 74.69", "table5-3": "66.58 vs 57.11",
+                   "table5-4": "79.04 vs 75.90"}  # fmt: skip
+
+
+def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
+    fake_mnist(
+        env / "data", n=700, prefix="train"
+    )  # the smoke profile holds 500 out for validation
+    monkeypatch.setattr(
+        digits_data, "_MNIST", dict.fromkeys(digits_data._MNIST, ())
+    )  # no md5 for fakes
+    out = env / "results.json"
+    sm.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert tuple(results) == harness.SCHEMA
+    assert results["profile"] == "smoke" and results["seeds"] == [0, 1]
+    assert [c["id"] for c in results["claims"]] == ["table5-2", "table5-4", "table5-5"]
+    for name in ("CNN", "NFM(CNN)"):
+        assert [r["seed"] for r in results["models"][name]["per_seed"]] == [0, 1]

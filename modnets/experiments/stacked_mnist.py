@@ -9,20 +9,19 @@ canvases of one digit count, the CNN has no batch norm, and the reported model i
 the epoch with the best validation accuracy. Accuracy is exact match: all ten labels right.
 
 The NFM(CNN) starts as an exact copy of the CNN (same seed, NFM added with ``gamma = 0``), so
-the two differ only by what NFM learns.
+the two differ only by what NFM learns. Both models are trained from each seed of
+``config.seeds`` (the canvases are fixed by ``data_seed``); :func:`claims` tests Table 5 over
+those seeds, paired by seed.
 
 Run ``python -m modnets.experiments.stacked_mnist --profile cpu --out results.json``. Trained
-models are checkpointed under :func:`modnets.training.checkpoint_dir`, keyed by their
-configuration, so the analysis re-runs without retraining; an interrupted training (Ctrl-C)
-continues with ``--resume``.
+models are checkpointed (:func:`modnets.experiments.harness.load_or_train`), so the analysis
+re-runs without retraining; an interrupted training (Ctrl-C) continues with ``--resume``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,74 +30,110 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets import distributed
+from modnets import diagnostics, distributed, probes
+from modnets.data import data_root
 from modnets.data.digits import load_mnist
-from modnets.data.stacked_mnist import StackedMNIST, make_canvases
+from modnets.data.stacked_mnist import CANVAS_SIZE, StackedMNIST, make_canvases
+from modnets.experiments import harness
+from modnets.experiments.claims import comparison_claim
 from modnets.experiments.cli import experiment_main
+from modnets.experiments.harness import load_or_train, per_seed, seed_stats
 from modnets.nfm import ConvNet
 from modnets.profiles import get_profile, select
-from modnets.training import (
-    ResumableLoop,
-    autocast,
-    checkpoint_dir,
-    maybe_compile,
-    minibatches,
-    save_checkpoint,
-)
-from modnets.utils import default_device, progress, seed_everything
+from modnets.training import TrainConfig, autocast, fit, minibatches
+from modnets.utils import default_device, seed_everything
 
 __all__ = [
+    "StackedMNISTTrain",
     "StackedMNISTConfig",
     "CONFIGS",
     "PAPER",
     "MODELS",
+    "ZERO_GRAD_AT_INIT",
     "load_data",
+    "training_data",
+    "load_test_canvases",
     "build_model",
+    "loss",
     "train",
     "evaluate",
     "read_matrix",
+    "ood_dips",
     "trained_model",
     "run",
+    "claims",
+    "dry_run",
     "format_summary",
 ]
 
-#: NFM Table 5 (test accuracy %, mean and std): trained on (1, 3) or (1, 5) digits per canvas.
+NAME = "stacked_mnist"
+
+#: NFM Table 5 (test accuracy %, mean and std over the paper's runs): trained on (1, 3) or (1, 5)
+#: digits per canvas, tested on 1 to 5.
 PAPER = {
     "trained (1, 3)": {
-        "CNN": {1: (99.27, 0.05), 2: (76.7, 1.34), 3: (87.83, 0.02), 4: (62.57, 0.04),
-                5: (24.27, 1.02)},
-        "NFM(CNN)": {1: (99.23, 0.03), 2: (88.36, 0.85), 3: (87.78, 0.46), 4: (66.12, 1.86),
-                     5: (29.48, 3.12)},
+        "value": {
+            "CNN": {1: (99.27, 0.05), 2: (76.7, 1.34), 3: (87.83, 0.02), 4: (62.57, 0.04),
+                    5: (24.27, 1.02)},
+            "NFM(CNN)": {1: (99.23, 0.03), 2: (88.36, 0.85), 3: (87.78, 0.46), 4: (66.12, 1.86),
+                         5: (29.48, 3.12)},
+        },
+        "source": "NFM Table 5",
     },
     "trained (1, 5)": {
-        "CNN": {1: (99.22, 0.09), 2: (74.69, 2.88), 3: (57.11, 3.57), 4: (75.90, 2.48),
-                5: (68.87, 4.25)},
-        "NFM(CNN)": {1: (99.16, 0.04), 2: (84.01, 6.06), 3: (66.58, 5.24), 4: (79.04, 2.37),
-                     5: (71.76, 2.79)},
+        "value": {
+            "CNN": {1: (99.22, 0.09), 2: (74.69, 2.88), 3: (57.11, 3.57), 4: (75.90, 2.48),
+                    5: (68.87, 4.25)},
+            "NFM(CNN)": {1: (99.16, 0.04), 2: (84.01, 6.06), 3: (66.58, 5.24), 4: (79.04, 2.37),
+                         5: (71.76, 2.79)},
+        },
+        "source": "NFM Table 5",
     },
 }  # fmt: skip
 
+#: Checkpoint suffix -> the model's name in the results (and in Table 5).
 MODELS = {"cnn": "CNN", "nfm": "NFM(CNN)"}
+
+#: Parameters that get no gradient at initialisation, by design (see :func:`dry_run`).
+ZERO_GRAD_AT_INIT = {
+    "body.attention.": "every NFM read starts with gamma = 0 (NFM §3.2.1), so its projections "
+    "get no gradient until the gates move; so do the first pass's gates (that pass reaches the "
+    "logits only through the memory), the first read (empty memory) and the last read's keys "
+    "and values (never read)",
+    "body.blocks.0.": "the first pass's stages reach the logits only through the memory, which "
+    "the gamma = 0 reads ignore at initialisation",
+}
+
+#: Canvases per batch when the validation and test canvases are scored (memory only: no batch
+#: norm, so the scores do not depend on it).
+VAL_BATCH = 256
+
+
+def _optim(epochs: int, batch_size: int) -> TrainConfig:
+    """Adam at 1e-3, constant (App. C); no clipping; the best validation epoch is kept."""
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=1e-3, optimizer="adam",
+                       schedule="constant", clip_grad_norm=None, amp=True, best="acc",
+                       save_every=200)  # fmt: skip
 
 
 @dataclass(frozen=True)
-class StackedMNISTConfig:
-    """Sizes of one run. ``gpu`` follows App. C (width 32 -> 512 channels, Adam 1e-3, 300 epochs;
-    the number of canvases and the batch size are not given: 30k canvases per digit count, batch
-    64); the others shrink data, width and epochs to fit their budgets. App. C does not say how
-    the final 4x4 map becomes ten outputs; ``pool="max"`` (global max pooling, then a linear
-    layer: "is this digit anywhere?") learns much sooner than flattening, which is available as
-    ``pool="flatten"``."""
+class StackedMNISTTrain:
+    """Everything that determines the trained models (hashed whole into the checkpoint key).
+    ``gpu`` follows App. C (width 32 -> 512 channels, Adam 1e-3, 300 epochs; the number of
+    canvases and the batch size are not given: 30k canvases per digit count, batch 64). App. C
+    does not say how the final 4x4 map becomes ten outputs; ``pool="max"`` (global max pooling,
+    then a linear layer: "is this digit anywhere?") learns much sooner than flattening, which is
+    available as ``pool="flatten"``.
+
+    ``optim``: Adam at 1e-3 with a constant rate (App. C); no gradient clipping (App. C states
+    none, and the experiment never clipped); bf16 autocast on CUDA as before; ``best="acc"``
+    restores the weights of the epoch with the best validation accuracy (App. C)."""
 
     train_counts: tuple[int, ...] = (1, 3)
-    test_counts: tuple[int, ...] = (1, 2, 3, 4, 5)
     train_per_count: int = 30_000
     val_per_count: int = 2_000
-    test_per_count: int = 5_000
     val_images: int = 5_000  # MNIST train images kept apart for the validation canvases
-    epochs: int = 300
-    batch_size: int = 64
-    lr: float = 1e-3
+    data_seed: int = 0  # the canvases (train, validation and test): the same for every seed
     width: int = 32
     block: str = "plain"
     pool: str = "max"
@@ -109,9 +144,7 @@ class StackedMNISTConfig:
     value_dim: int = 16
     placement: str = "after"
     share_blocks: bool = False
-    eval_batch: int = 256
-    read_canvases: int = 512  # test canvases per count for the read heatmaps
-    seed: int = 0
+    optim: TrainConfig = _optim(epochs=300, batch_size=64)  # both models alike
 
     def nfm(self) -> dict:
         """:class:`modnets.nfm.NFMNetwork` arguments."""
@@ -119,27 +152,41 @@ class StackedMNISTConfig:
                     key_dim=self.key_dim, value_dim=self.value_dim, placement=self.placement,
                     share_blocks=self.share_blocks)  # fmt: skip
 
-    def key(self, kind: str) -> str:
-        """A short hash of everything that determines a trained model (for checkpoints)."""
-        skip = ("test_", "eval_batch", "read_canvases")
-        relevant = {k: v for k, v in asdict(self).items() if not k.startswith(skip)}
-        blob = json.dumps({"model": kind, **relevant}, sort_keys=True, default=str)
-        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+@dataclass(frozen=True)
+class StackedMNISTConfig:
+    """One run: what is trained (``train``), from which ``seeds``, and the analysis sizes."""
+
+    train: StackedMNISTTrain = StackedMNISTTrain()
+    seeds: tuple[int, ...] = (0, 1, 2)
+    test_counts: tuple[int, ...] = (1, 2, 3, 4, 5)
+    test_per_count: int = 5_000
+    eval_batch: int = 256
+    read_canvases: int = 512  # test canvases per count for the read heatmaps
+    probe_canvases: int = 64  # test canvases per count whose NFM reads are traced
 
 
 CONFIGS = {
     "smoke": StackedMNISTConfig(
-        train_per_count=48, val_per_count=16, test_per_count=16, val_images=500, epochs=1,
-        batch_size=16, width=4, eval_batch=64, read_canvases=16,
+        StackedMNISTTrain(train_per_count=48, val_per_count=16, val_images=500, width=4,
+                          optim=_optim(1, 16)),
+        seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # About 8 minutes on two idle CPU cores for both models (20 timed training steps of each,
-    # extrapolated; the NFM model costs about 6x the CNN there: two passes plus eight attention
-    # reads, the largest at 32x32 positions). A quarter of App. C's width, 7.5k canvases per
-    # training count, 4 epochs instead of 300, and batches of 16: the plain CNN without batch
-    # norm needs many steps before it starts to learn, so small batches help more than width.
+    # Three seeds of both models in about 9 minutes cold on two idle CPU cores (canvases,
+    # training, testing, diagnostics). Shrunk from App. C and from the one-seed cpu profile
+    # before seeds (about 8 minutes): a quarter of App. C's width (8 -> 128 channels), 4,000
+    # canvases per training count (before: 7,500), 4 epochs instead of 300, batches of 16 (the
+    # plain CNN without batch norm needs many steps before it starts to learn, so small batches
+    # help more than width), 400 validation canvases per count (before: 500). Timed steps on
+    # two idle cores: 0.010 s per CNN step, 0.065 s per NFM step (two passes and seven
+    # attention reads, the largest at 32x32 positions), about 2.5 ms per scored NFM canvas;
+    # 4 epochs x 500 steps per model and seed: 20 s (CNN) + 130 s (NFM) + about 30 s of
+    # validation, testing and diagnostics = 180 s a seed, x 3 seeds = 9 min (about 13.5 min if
+    # the two cores give only one thread's speed: 0.10 s per NFM step).
     "cpu": StackedMNISTConfig(
-        train_per_count=7_500, val_per_count=500, test_per_count=1_000, epochs=4, batch_size=16,
-        width=8, read_canvases=256,
+        StackedMNISTTrain(train_per_count=4_000, val_per_count=400, width=8,
+                          optim=_optim(4, 16)),
+        seeds=(0, 1, 2), test_per_count=1_000, read_canvases=256, probe_canvases=64,
     ),
     "gpu": StackedMNISTConfig(),
 }  # fmt: skip
@@ -148,48 +195,66 @@ CONFIGS = {
 # ----------------------------------------------------------------------------- data
 
 
-def load_data(config: StackedMNISTConfig, root=None, verify: bool = True) -> dict:
-    """``{"train" | "val" | "test": {count: StackedMNIST}}``: training and validation canvases
-    from disjoint parts of MNIST's train split (``val_images`` held out), test canvases from its
-    test split. Seeded: the same config gives the same canvases."""
+def _mnist_files(root, split: str) -> list[Path]:
+    """The MNIST files of ``split`` that :func:`load_mnist` reads."""
+    folder = (data_root() if root is None else Path(root).expanduser()) / "MNIST" / "raw"
+    prefix = "train" if split == "train" else "t10k"
+    return [folder / f"{prefix}-images-idx3-ubyte.gz", folder / f"{prefix}-labels-idx1-ubyte.gz"]
+
+
+def training_data(train: StackedMNISTTrain, root=None, verify: bool = True) -> dict:
+    """``{"train" | "val": {count: StackedMNIST}}``: training and validation canvases from
+    disjoint parts of MNIST's train split (``val_images`` held out), fixed by ``data_seed``."""
     x_tr, y_tr = load_mnist("train", root=root, verify=verify)
-    x_te, y_te = load_mnist("test", root=root, verify=verify)
-    perm = np.random.default_rng(config.seed).permutation(len(x_tr))
-    val_idx, tr_idx = perm[: config.val_images], perm[config.val_images :]
-    out = {"train": {}, "val": {}, "test": {}}
-    for split, x, y, counts, n, offset in (
-        ("train", x_tr[tr_idx], y_tr[tr_idx], config.train_counts, config.train_per_count, 0),
-        ("val", x_tr[val_idx], y_tr[val_idx], config.train_counts, config.val_per_count, 100),
-        ("test", x_te, y_te, config.test_counts, config.test_per_count, 200),
-    ):
-        for c in counts:
-            out[split][c] = make_canvases(x, y, n, c, seed=1000 * config.seed + offset + c)
+    perm = np.random.default_rng(train.data_seed).permutation(len(x_tr))
+    val_idx, tr_idx = perm[: train.val_images], perm[train.val_images :]
+    out = {"train": {}, "val": {}}
+    for split, idx, n, offset in (("train", tr_idx, train.train_per_count, 0),
+                                  ("val", val_idx, train.val_per_count, 100)):  # fmt: skip
+        for c in train.train_counts:
+            seed = 1000 * train.data_seed + offset + c
+            out[split][c] = make_canvases(x_tr[idx], y_tr[idx], n, c, seed=seed)
     return out
 
 
-#: Pixel mean and std of the training canvases (half 1-digit, half 3-digit) on a 0..1 scale.
-PIXEL_MEAN, PIXEL_STD = 0.017, 0.12
+def load_test_canvases(config: StackedMNISTConfig, root=None, verify: bool = True) -> dict:
+    """``{count: StackedMNIST}``: test canvases from MNIST's test split, fixed by ``data_seed``."""
+    x_te, y_te = load_mnist("test", root=root, verify=verify)
+    s = config.train.data_seed
+    return {c: make_canvases(x_te, y_te, config.test_per_count, c, seed=1000 * s + 200 + c)
+            for c in config.test_counts}  # fmt: skip
 
 
-def _inputs(images: Tensor, device) -> Tensor:
-    """uint8 canvases -> standardised floats (a plain ReLU CNN without batch norm starts to learn
-    much sooner on standardised inputs than on the mostly-zero 0..1 canvases)."""
-    return (images.to(device).float() / 255.0 - PIXEL_MEAN) / PIXEL_STD
+def load_data(config: StackedMNISTConfig, root=None, verify: bool = True) -> dict:
+    """``{"train" | "val" | "test": {count: StackedMNIST}}`` (see :func:`training_data` and
+    :func:`load_test_canvases`). Seeded: the same config gives the same canvases."""
+    return {
+        **training_data(config.train, root, verify),
+        "test": load_test_canvases(config, root, verify),
+    }
+
+
+def _inputs(images: Tensor, device, mean: float = 0.017, std: float = 0.12) -> Tensor:
+    """uint8 canvases -> standardised floats, with the pixel mean and std of the training
+    canvases (half 1-digit, half 3-digit) on a 0..1 scale (a plain ReLU CNN without batch norm
+    starts to learn much sooner on standardised inputs than on the mostly-zero 0..1 canvases)."""
+    return (images.to(device).float() / 255.0 - mean) / std
 
 
 # ----------------------------------------------------------------------------- models and training
 
 
-def build_model(kind: str, config: StackedMNISTConfig) -> ConvNet:
-    """``"cnn"`` (App. C's CNN) or ``"nfm"``: the same CNN (same seed, same initial weights) with
-    NFM added around its stages, ``gamma = 0``."""
+def build_model(kind: str, train: StackedMNISTTrain, seed: int | None = None) -> ConvNet:
+    """``"cnn"`` (App. C's CNN) or ``"nfm"``: the same CNN (the same initial weights when built
+    from the same RNG state, e.g. the same ``seed``) with NFM added around its stages,
+    ``gamma = 0``. ``seed`` seeds the RNGs first (:func:`harness.load_or_train` does that)."""
     if kind not in MODELS:
         raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
-    seed_everything(config.seed)
-    cnn = ConvNet(
-        in_channels=1, num_outputs=10, width=config.width, block=config.block, pool=config.pool
-    )
-    return cnn if kind == "cnn" else cnn.with_nfm(**config.nfm())
+    if seed is not None:
+        seed_everything(seed)
+    cnn = ConvNet(in_channels=1, num_outputs=10, width=train.width, block=train.block,
+                  pool=train.pool)  # fmt: skip
+    return cnn if kind == "cnn" else cnn.with_nfm(**train.nfm())
 
 
 def _batches(data: dict[int, StackedMNIST], batch_size: int, g: torch.Generator) -> list:
@@ -199,27 +264,13 @@ def _batches(data: dict[int, StackedMNIST], batch_size: int, g: torch.Generator)
     return [(c, idx) for c, ds in data.items() for idx in minibatches(len(ds), batch_size, g)]
 
 
-class _Best:
-    """The best epoch so far (validation accuracy and weights), saved with the training state so
-    that a resumed run still restores the best epoch's weights at the end."""
-
-    def __init__(self):
-        self.acc, self.epoch, self.weights = -1.0, 0, None
-
-    def update(self, acc: float, epoch: int, model: nn.Module) -> None:
-        if acc > self.acc:
-            self.acc, self.epoch = acc, epoch
-            self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-    def state_dict(self) -> dict:
-        return {"acc": self.acc, "epoch": self.epoch, "weights": self.weights}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.acc, self.epoch, self.weights = state["acc"], state["epoch"], state["weights"]
+def loss(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The training loss: binary cross-entropy over the ten labels (in float32)."""
+    return F.binary_cross_entropy_with_logits(net(x).float(), y)
 
 
 @torch.no_grad()
-def predict(model: nn.Module, data: StackedMNIST, batch_size: int = 256) -> Tensor:
+def predict(model: nn.Module, data: StackedMNIST, batch_size: int = VAL_BATCH) -> Tensor:
     """Logits ``(N, 10)`` in evaluation mode."""
     model.eval()
     device = next(model.parameters()).device
@@ -230,78 +281,72 @@ def predict(model: nn.Module, data: StackedMNIST, batch_size: int = 256) -> Tens
     return torch.cat(out) if out else torch.zeros(0, 10)
 
 
-def evaluate(model: nn.Module, data: StackedMNIST, batch_size: int = 256) -> dict[str, float]:
+def evaluate(model: nn.Module, data: StackedMNIST, batch_size: int = VAL_BATCH) -> dict:
     """``exact``: the fraction of canvases with all ten labels right (Table 5's accuracy);
     ``label``: the fraction of right binary decisions."""
     right = (predict(model, data, batch_size) > 0) == (data.targets > 0.5)
     return {"exact": right.all(1).float().mean().item(), "label": right.float().mean().item()}
 
 
-def _val_accuracy(model, data: dict[int, StackedMNIST], batch_size: int) -> float:
-    return float(np.mean([evaluate(model, ds, batch_size)["exact"] for ds in data.values()]))
+def _val_accuracy(model: nn.Module, data: dict[int, StackedMNIST]) -> float:
+    return float(np.mean([evaluate(model, ds)["exact"] for ds in data.values()]))
 
 
-def train(model: nn.Module, data: dict, config: StackedMNISTConfig, desc: str = "training",
-          show_progress: bool = True, state_path: str | Path | None = None, resume: bool = False,
-          save_every: int = 200) -> dict:  # fmt: skip
-    """Adam at ``lr`` (App. C), binary cross-entropy over the ten labels; after each epoch the
-    validation accuracy, and at the end the weights of the best epoch are restored (App. C).
-
-    With ``state_path``, the full training state (model, optimiser, best epoch so far, RNGs, the
-    position in the epoch) is saved there every ``save_every`` steps, at the end and on Ctrl-C;
-    ``resume`` continues from it (see :class:`modnets.training.ResumableLoop`).
-    """
+def train(model: nn.Module, data: dict, optim: TrainConfig, seed: int = 0,
+          desc: str = "training", show_progress: bool = True, state_path=None,
+          resume: bool = False) -> dict:  # fmt: skip
+    """Train with :func:`modnets.training.fit`: batches of one digit count (each count's
+    canvases shuffled anew every epoch from ``seed`` and the epoch; the order of the batches is
+    drawn by the resumable loop), the binary cross-entropy (:func:`loss`), the validation
+    accuracy after each epoch and the best epoch's weights restored at the end (``optim.best``).
+    ``data`` holds ``"train"`` and ``"val"`` (:func:`training_data`)."""
     device = next(model.parameters()).device
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    per_epoch = sum(len(ds) // config.batch_size for ds in data["train"].values())
-    steps = config.epochs * per_epoch
-    history = {"step": [], "loss": [], "epoch": [], "val_acc": [], "best_epoch": 0,
-               "seconds": 0.0}  # fmt: skip
-    best = _Best()
-    net = maybe_compile(distributed.wrap(model, find_unused_parameters=True))  # DDP (torchrun)
-    objects = {"model": model, "optimizer": opt, "best": best}
-    start = time.perf_counter()
-    with ResumableLoop(state_path, objects, history, asdict(config), config.seed, save_every,
-                       resume, enabled=distributed.is_main()) as loop:  # fmt: skip
-        seconds = history["seconds"]  # a resumed run adds to the time already spent
-        bar = progress(total=steps, initial=loop.step, desc=desc,
-                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
-        for epoch in loop.epochs(config.epochs):
-            model.train()
-            # each count's shuffle is a function of the epoch alone; the loop's generator draws
-            # the order of the batches and skips those a resumed run already took
-            g = torch.Generator().manual_seed(1_000_003 * config.seed + epoch)
-            batches = _batches(data["train"], config.batch_size, g)
-            for b in loop.minibatches(len(batches), 1):
-                c, idx = batches[b.item()]
-                idx = distributed.shard(idx)  # this rank's share of the global batch
-                ds = data["train"][c]
-                x, y = _inputs(ds.images[idx], device), ds.targets[idx].to(device)
-                with autocast(device):
-                    logits = net(x)
-                loss = F.binary_cross_entropy_with_logits(logits.float(), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                step = loop.step + 1
-                if step % max(1, steps // 100) == 0 or step == steps:
-                    history["step"].append(step)
-                    history["loss"].append(loss.item())
-                history["seconds"] = seconds + time.perf_counter() - start
-                loop.step_done()
-                bar.update(1)
-            acc = _val_accuracy(model, data["val"], config.eval_batch)
-            history["epoch"].append(epoch + 1)
-            history["val_acc"].append(acc)
-            best.update(acc, epoch + 1, model)
-            history["best_epoch"] = best.epoch
-            history["seconds"] = seconds + time.perf_counter() - start
-            bar.set_postfix(val_acc=f"{acc:.3f}", refresh=False)
-            loop.epoch_done()
-        bar.close()
-    if best.weights is not None:
-        model.load_state_dict(best.weights)
-    return history
+    train_sets, val_sets = data["train"], data["val"]
+
+    def batches(epoch: int) -> list:
+        g = torch.Generator().manual_seed(1_000_003 * seed + epoch)
+        return _batches(train_sets, optim.batch_size, g)
+
+    def step(net, batch):
+        c, idx = batch
+        idx = distributed.shard(idx)  # this rank's share of the global batch
+        ds = train_sets[c]
+        return loss(net, _inputs(ds.images[idx], device), ds.targets[idx].to(device))
+
+    return fit(model, step, optim, batches=batches, desc=desc, show_progress=show_progress,
+               evaluate=lambda m: {"acc": _val_accuracy(m, val_sets)}, seed=seed,
+               state_path=state_path, resume=resume, state_config={"stage": desc},
+               find_unused_parameters=True)  # fmt: skip
+
+
+#: What the trained models depend on, besides the configuration (see ``harness.code_fingerprint``).
+TRAIN_CODE = ("modnets.nfm", "modnets.training", "modnets.distributed",
+              "modnets.data.stacked_mnist", "modnets.data.digits", training_data, _inputs,
+              build_model, _batches, loss, predict, evaluate, _val_accuracy, train)  # fmt: skip
+
+
+def trained_model(kind: str, config: StackedMNISTConfig, seed: int, data: dict | None = None,
+                  device=None, show_progress: bool = True, cache: bool = True,
+                  resume: bool = False, root=None, verify: bool = True) -> tuple[ConvNet, dict]:  # fmt: skip
+    """``kind`` ("cnn" or "nfm") trained from ``seed``, and its history: loaded from its
+    checkpoint or trained (:func:`harness.load_or_train`). ``data`` holds the training and
+    validation canvases (:func:`training_data`; loaded when not given)."""
+    if kind not in MODELS:
+        raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+    t = config.train
+    data = training_data(t, root, verify) if data is None else data
+    device = device or default_device()
+
+    def fit_it(model, state_path, resume):
+        return train(model, data, t.optim, seed, f"{MODELS[kind]} (seed {seed})", show_progress,
+                     state_path, resume)  # fmt: skip
+
+    return load_or_train(f"{NAME}-{kind}", t, seed, lambda: build_model(kind, t), fit_it,
+                         code=TRAIN_CODE, data=harness.data_fingerprint(*_mnist_files(root, "train")),
+                         device=device, cache=cache, resume=resume)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- analyses
 
 
 @torch.no_grad()
@@ -319,99 +364,163 @@ def read_matrix(model: ConvNet, data: StackedMNIST, n: int = 512, batch_size: in
     return (total / max(count, 1)).tolist()
 
 
-def trained_model(kind: str, config: StackedMNISTConfig, data: dict, device, show_progress: bool = True,
-                  cache: bool = True, resume: bool = False) -> tuple[ConvNet, dict]:  # fmt: skip
-    """Train ``kind`` ("cnn" or "nfm"), or load it from a checkpoint of the same configuration.
-    ``resume`` continues an interrupted training from its state file."""
-    path = checkpoint_dir() / f"stacked_mnist_{kind}_{config.key(kind)}.pt"
-    model = build_model(kind, config).to(device)
-    if cache and path.exists():
-        state = torch.load(path, map_location=device, weights_only=False)
-        try:
-            model.load_state_dict(state["model"])
-            return model, state["history"]
-        except RuntimeError as err:  # written by another version of the model: train afresh
-            warnings.warn(f"checkpoint {path} does not fit this model ({str(err)[:200]}); "
-                          "retraining", stacklevel=2)  # fmt: skip
-            model = build_model(kind, config).to(device)
-    seed_everything(config.seed)
-    state_path = path.with_suffix(".train.pt") if cache else None
-    history = train(model, data, config, f"training {MODELS[kind]}", show_progress, state_path,
-                    resume)  # fmt: skip
-    if cache and distributed.is_main():
-        save_checkpoint(
-            {"model": model.state_dict(), "history": history, "config": asdict(config)}, path
-        )
-    distributed.barrier()
-    return model, history
+@torch.no_grad()
+def traced_reads(model: ConvNet, data: StackedMNIST, n: int) -> dict:
+    """:func:`modnets.diagnostics.nfm_reads` of the first ``n`` canvases, through the probes
+    (one entry per read with a non-empty memory, in call order)."""
+    model.eval()
+    device = next(model.parameters()).device
+    with probes.trace("nfm.read_weights") as t:
+        model(_inputs(data.images[:n], device))
+    return diagnostics.nfm_reads(t["nfm.read_weights"])
+
+
+def held_out(config: StackedMNISTConfig | dict) -> list[int]:
+    """The tested digit counts never trained on (from a config or its plain JSON form)."""
+    if isinstance(config, dict):
+        tests, trained = config["test_counts"], config["train"]["train_counts"]
+    else:
+        tests, trained = config.test_counts, config.train.train_counts
+    return [int(c) for c in tests if int(c) not in {int(t) for t in trained}]
+
+
+def ood_dips(accuracy: dict, held: list[int]) -> dict:
+    """Per held-out count ``c`` whose neighbours ``c - 1`` and ``c + 1`` are both tested:
+    ``acc(c) - sqrt(acc(c - 1) acc(c + 1))``, how far ``c`` falls below the geometric mean of its
+    neighbours (``accuracy``: count -> exact-match accuracy; keys may be strings)."""
+    acc = {int(c): float(a) for c, a in accuracy.items()}
+    return {c: acc[c] - math.sqrt(acc[c - 1] * acc[c + 1]) for c in held
+            if c - 1 in acc and c + 1 in acc}  # fmt: skip
+
+
+def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
+    """Both models of ``config`` and their training loss on two random canvases of the real
+    shape (see :func:`modnets.experiments.harness.dry_run`)."""
+    t = config.train
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 1, CANVAS_SIZE, CANVAS_SIZE), generator=g,
+                           dtype=torch.uint8)  # fmt: skip
+    y = torch.zeros(2, 10)
+    y[0, 3] = y[1, [1, 5, 7]] = 1.0
+    x = _inputs(images, "cpu")
+    return [harness.DryRun(name, build_model(kind, t, seed=0), lambda m: loss(m, x, y))
+            for kind, name in MODELS.items()]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the experiment
 
 
-def run(config: StackedMNISTConfig | None = None, profile: str | None = None, show_progress: bool = True,
-        keep_models: bool = False, cache: bool = True, root=None, verify: bool = True,
-        resume: bool = False) -> dict:  # fmt: skip
-    """Train (or load) both models and evaluate them on every digit count; a JSON-serialisable
-    dict (plus the models and data with ``keep_models``). ``resume`` continues an interrupted
-    training."""
+def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
+        show_progress: bool = True, cache: bool = True, resume: bool = False, root=None,
+        verify: bool = True) -> dict:  # fmt: skip
+    """Train (or load) both models at every seed and test them on every digit count; the
+    results in the harness schema (plain JSON).
+
+    ``models[name]["per_seed"]`` holds each seed's test accuracy per count (``exact``,
+    ``label``), history and parameter count; ``models[name]["test"][count]["exact"]`` the
+    accuracy summarised over seeds. ``diagnostics["per_seed"]`` holds the NFM reads (traced and
+    as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
+    """
+    start = time.perf_counter()
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
-    start = time.perf_counter()
-    data = load_data(config, root, verify)
-    results: dict = {"profile": profile, "device": str(device), "config": asdict(config),
-                     "paper": PAPER, "models": {}}  # fmt: skip
-    trained = {}
-    for kind, name in MODELS.items():
-        t0 = time.perf_counter()
-        model, history = trained_model(kind, config, data, device, show_progress, cache, resume)
-        trained[name] = model
-        entry = {
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "history": history,
-            "train_or_load_seconds": time.perf_counter() - t0,
-            "test": {c: evaluate(model, ds, config.eval_batch) for c, ds in data["test"].items()},
-        }
-        if kind == "nfm":
-            nfm = model.nfm
-            entry["reads"] = {c: read_matrix(model, ds, config.read_canvases, config.eval_batch)
-                              for c, ds in data["test"].items()}  # fmt: skip
-            entry["gamma"] = [[nfm.attn(k, i).gamma.item() for i in range(nfm.num_blocks)]
-                              for k in range(nfm.passes)]  # fmt: skip
-        results["models"][name] = entry
-    results["seconds"] = time.perf_counter() - start
-    if keep_models:
-        results["trained"] = trained
-        results["data"] = data
-    return results
+    data = training_data(config.train, root, verify)
+    tests = load_test_canvases(config, root, verify)
+    held = held_out(config)
+    models = {name: {"per_seed": []} for name in MODELS.values()}
+    diag_per_seed = []
+    for seed in config.seeds:
+        diag = {"seed": seed, "ood_dip": {}}
+        for kind, name in MODELS.items():
+            model, history = trained_model(kind, config, seed, data, device, show_progress,
+                                           cache, resume, root, verify)  # fmt: skip
+            test = {c: evaluate(model, ds, config.eval_batch) for c, ds in tests.items()}
+            models[name]["per_seed"].append({
+                "seed": seed, "test": test, "history": history,
+                "parameters": sum(p.numel() for p in model.parameters()),
+            })  # fmt: skip
+            diag["ood_dip"][name] = ood_dips({c: r["exact"] for c, r in test.items()}, held)
+            if kind == "nfm":
+                nfm = model.nfm
+                diag["nfm_reads"] = {c: traced_reads(model, ds, config.probe_canvases)
+                                     for c, ds in tests.items()}  # fmt: skip
+                diag["read_matrix"] = {c: read_matrix(model, ds, config.read_canvases,
+                                                      config.eval_batch)
+                                       for c, ds in tests.items()}  # fmt: skip
+                diag["gamma"] = [[nfm.attn(k, i).gamma.item() for i in range(nfm.num_blocks)]
+                                 for k in range(nfm.passes)]  # fmt: skip
+        diag_per_seed.append(diag)
+    for entry in models.values():
+        runs = entry["per_seed"]
+        entry["parameters"] = runs[0]["parameters"]
+        entry["test"] = {c: {m: seed_stats(per_seed(runs, "test", c, m)) for m in ("exact", "label")}
+                         for c in config.test_counts}  # fmt: skip
+    dips = {name: {c: seed_stats([d["ood_dip"][name][c] for d in diag_per_seed])
+                   for c in diag_per_seed[0]["ood_dip"][name]}
+            for name in MODELS.values()}  # fmt: skip
+    diags = {"per_seed": diag_per_seed, "ood_dip": dips}
+    partial = {"config": asdict(config), "models": models}
+    return harness.results_dict(NAME, profile, config, config.seeds, models, diags,
+                                claims(partial), harness.provenance(start, TRAIN_CODE))  # fmt: skip
+
+
+def _paper(train_counts) -> dict | None:
+    """Table 5's numbers for these training counts (None if the paper has none)."""
+    entry = PAPER.get(f"trained {tuple(int(c) for c in train_counts)}")
+    return None if entry is None else entry["value"]
+
+
+def claims(results: dict) -> list:
+    """NFM Table 5 as tests over seeds (rules fixed before the numbers were seen): for each
+    held-out count, NFM(CNN) - CNN exact-match accuracy > 0, paired by seed."""
+    cfg, m = results["config"], results["models"]
+    paper = _paper(cfg["train"]["train_counts"]) or {}
+    out = []
+    for c in held_out(cfg):
+
+        def acc(name, c=c):
+            return [r["test"].get(str(c), r["test"].get(c))["exact"]
+                    for r in m[name]["per_seed"]]  # fmt: skip
+
+        p_nfm, p_cnn = paper.get("NFM(CNN)", {}).get(c), paper.get("CNN", {}).get(c)
+        quote = f"{p_nfm[0]:.2f} vs {p_cnn[0]:.2f}" if p_nfm and p_cnn else "-"
+        out.append(comparison_claim(
+            f"table5-{c}", f"NFM(CNN) beats the CNN on {c} digits (never trained on)",
+            "NFM Table 5", quote, acc("NFM(CNN)"), acc("CNN"), names=("NFM(CNN)", "CNN"),
+            quantity=f"exact-match accuracy on {c}-digit canvases", scale=100, digits=1,
+            unit=" %"))  # fmt: skip
+    return out
 
 
 def format_summary(results: dict) -> str:
-    """Table 5 beside ours: exact-match test accuracy (%) per number of digits."""
+    """Table 5 beside ours: exact-match test accuracy (%) per number of digits, ours as
+    mean ± sd over seeds."""
     cfg = results["config"]
-    train_counts = tuple(cfg["train_counts"])
-    paper = results["paper"].get(f"trained {train_counts}", {})
-    lines = [f"profile: {results['profile']}  ({results['seconds']:.0f} s), trained on "
-             f"{train_counts} digits, width {cfg['width']}, {cfg['epochs']} epochs"]  # fmt: skip
+    t = cfg["train"]
+    train_counts = tuple(int(c) for c in t["train_counts"])
+    paper = _paper(train_counts) or {}
+    seconds = results["provenance"]["wall_seconds"]
+    lines = [f"profile: {results['profile']}  ({seconds:.0f} s), trained on {train_counts} "
+             f"digits, width {t['width']}, {t['optim']['epochs']} epochs, "
+             f"{len(results['seeds'])} seeds (ours: mean ± sd over seeds)"]  # fmt: skip
     names = list(results["models"])
-    head = f"{'digits':>7} " + " ".join(f"{n:>10} {'(paper)':>8}" for n in names)
-    lines.append(head)
+    lines.append(f"{'digits':>7} " + " ".join(f"{n:>14} {'(paper)':>8}" for n in names))
     for c in cfg["test_counts"]:
         cells = []
         for n in names:
-            test = results["models"][n]["test"]
-            acc = test.get(c, test.get(str(c)))["exact"]
-            p = paper.get(n, {}).get(c, paper.get(n, {}).get(str(c)))
-            cells.append(f"{100 * acc:>10.1f} {p[0] if p else '-':>8}")
-        mark = "*" if c in train_counts else " "
+            s = results["models"][n]["test"][str(c)]["exact"]
+            p = paper.get(n, {}).get(int(c))
+            cells.append(f"{100 * s['mean']:>7.1f} ± {100 * s['sd']:<4.1f} "
+                         f"{p[0] if p else '-':>8}")  # fmt: skip
+        mark = "*" if int(c) in train_counts else " "
         lines.append(f"{c:>6}{mark} " + " ".join(cells))
     lines.append("(* trained on this count)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv, exclude=("trained", "data"))
+    experiment_main(run, format_summary, __doc__, argv)
 
 
 if __name__ == "__main__":
