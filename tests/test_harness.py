@@ -333,3 +333,17 @@ def test_a_resumed_fit_logs_the_same_curve(tmp_path):
         h.pop("seconds")
     assert resumed == straight
     torch.testing.assert_close(model.weight, straight_model.weight, rtol=0, atol=0)
+
+
+def test_reproduction_reads_every_claim_from_the_results_files(tmp_path):
+    claim = cl.threshold_claim("t", "T", "NI Table 1", "1.0", [0.2, 0.21, 0.22], quantity="q",
+                               threshold=0.1)  # fmt: skip
+    results = harness.results_dict("fuzzy_boolean", "cpu", {}, [0, 1, 2], {}, {}, [claim], {})
+    from modnets.experiments.results import results_path, save_results
+
+    save_results(results, results_path("fuzzy_boolean", "cpu", tmp_path))
+    table, claims, missing = cl.reproduction(("fuzzy_boolean", "digits"), "cpu", tmp_path)
+    assert [c["id"] for c in claims] == ["t"] and len(missing) == 1 and "digits" in missing[0]
+    html = table.to_html()
+    assert "<code>python -m modnets.experiments.fuzzy_boolean --profile gpu</code>" in html
+    assert cl.verdict_counts(claims) == "1 reproduced"

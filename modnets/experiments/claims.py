@@ -165,11 +165,14 @@ def claims_frame(claims):
     return pd.DataFrame(rows, columns=["claim", "source", "paper", "ours", "rule", "verdict"])
 
 
-def claims_table(claims, rule: bool = True):
-    """The claims as an HTML table (a pandas ``Styler``), verdicts coloured."""
+def claims_table(claims, rule: bool = True, commands: list[str] | None = None):
+    """The claims as an HTML table (a pandas ``Styler``), verdicts coloured; ``commands`` (one
+    per claim) adds a column with the command that reproduces each at the papers' scale."""
     frame = claims_frame(claims)
     if not rule:
         frame = frame.drop(columns="rule")
+    if commands is not None:
+        frame.insert(2, "reproduce at scale", [f"<code>{c}</code>" for c in commands])
 
     def colour(v: str) -> str:
         key = next((k for k in sorted(COLOURS, key=len, reverse=True) if v.startswith(k)), "")
@@ -215,7 +218,7 @@ def reproduction(experiments, profile: str, folder="_build/results"):
     at the papers' scale, as an HTML table; and a list of the results files that are missing."""
     from modnets.experiments.results import load_results, results_path
 
-    claims, missing = [], []
+    claims, commands, missing = [], [], []
     for name in experiments:
         path = results_path(name, profile, folder)
         if not path.exists():
@@ -223,8 +226,9 @@ def reproduction(experiments, profile: str, folder="_build/results"):
                            f"--profile {profile} --out {path}`)")  # fmt: skip
             continue
         for c in load_results(path)["claims"]:
-            claims.append({**c, "source": f"{c['source']} · `{paper_scale_command(name)}`"})
-    return claims_table(claims, rule=False), claims, missing
+            claims.append(c)
+            commands.append(paper_scale_command(name))
+    return claims_table(claims, rule=False, commands=commands), claims, missing
 
 
 def verdict_counts(claims) -> str:

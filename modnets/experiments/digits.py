@@ -178,18 +178,12 @@ CONFIGS = {
         finetune_epochs=1, adaptation_seeds=1, capacity_functions=(3, 4), drop_trials=1,
         tsne_images=2, routing_images=32,
     ),
-    # Three seeds in about 19 minutes cold on two CPU cores (the chapter's budget: 22). No SVHN
-    # offline: MNIST and MNIST-M (its test split, split again into train/val) only; 8x8 patches
-    # (16 tokens) instead of 4x4 (64 tokens), a narrow model. Shrunk from the one-seed cpu
-    # configuration (about 15 minutes): 3000 instead of 6000 training and 1000 instead of 1500
-    # validation images per dataset, 10 instead of 14 epochs, sample counts (150, 500) instead of
-    # (150, 250, 350, 500), capacities (5, 8) instead of (5, 6, 7, 8), 3 instead of 4 drop trials.
-    # Estimate from timed steps (one thread, idle machine; batch 64: NI 72 ms, ViT 39 ms; NI
-    # validation 1.25 s, ViT 0.35 s; one adaptation 1.1 ms (NI) or 0.6 ms (ViT) per sample and
-    # epoch plus 1.2 s (NI) or 0.35 s (ViT) of K-MNIST evaluation), per seed: pretraining
-    # 930 x 0.111 s = 103 s, validation 10 x 1.6 s = 16 s, analyses about 96 s (measured whole:
-    # 146 s with the machine shared), so 3 x 215 s = 10.8 min. The same estimate gives 8.5 min
-    # for the old one-seed configuration, which took about 15: scaled by 15/8.5, about 19 min.
+    # Chapter 6 cold at this profile: 7.6 minutes on two quiet CPU cores, three pretraining seeds
+    # (measured in `make book`, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
+    # split again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens), a
+    # narrow model. Shrunk from the one-seed cpu configuration to fit three seeds: 3000 instead of
+    # 6000 training and 1000 instead of 1500 validation images per dataset, 10 instead of 14
+    # epochs, sample counts (150, 500), capacities (5, 8), 3 drop trials.
     "cpu": DigitsConfig(
         DigitsTrain(datasets=("mnist", "mnist_m"), train_per_dataset=3000, val_per_dataset=1000,
                     ni_train=_pretrain_tc(1e-3, 10, 64), vit_train=_pretrain_tc(5e-4, 10, 64),

@@ -74,6 +74,11 @@ PAPER = {
 }
 
 
+def _tc(epochs: int, batch_size: int, lr: float) -> TrainConfig:
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.01,
+                       warmup_fraction=0.05, amp=False, log_points=200)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class FuzzyBooleanTrain:
     """Everything that determines the trained models (hashed whole into the checkpoint key). The
@@ -86,24 +91,8 @@ class FuzzyBooleanTrain:
     num_finetune_functions: int = 10
     num_variables: int = 5
     task_seed: int = 0  # the functions and their points; the same for every seed
-    pretrain: TrainConfig = TrainConfig(
-        epochs=20,
-        batch_size=256,
-        lr=1e-3,
-        weight_decay=0.01,
-        warmup_fraction=0.05,
-        amp=False,
-        log_points=200,
-    )
-    finetune: TrainConfig = TrainConfig(
-        epochs=3,
-        batch_size=256,
-        lr=1e-3,
-        weight_decay=0.01,
-        warmup_fraction=0.05,
-        amp=False,
-        log_points=200,
-    )
+    pretrain: TrainConfig = _tc(epochs=20, batch_size=256, lr=1e-3)
+    finetune: TrainConfig = _tc(epochs=3, batch_size=256, lr=1e-3)
     model: dict = field(default_factory=dict)
 
     def model_config(self) -> NIConfig:
@@ -125,11 +114,6 @@ class FuzzyBooleanConfig:
     routing_points: int = 512  # validation points whose routing is summarised
 
 
-def _tc(epochs: int, batch_size: int, lr: float) -> TrainConfig:
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.01,
-                       warmup_fraction=0.05, amp=False, log_points=200)  # fmt: skip
-
-
 CONFIGS = {
     "smoke": FuzzyBooleanConfig(
         FuzzyBooleanTrain(points_per_function=1000, pretrain=_tc(2, 100, 1e-3),
@@ -137,7 +121,9 @@ CONFIGS = {
                           model=dict(dim=16, num_functions=3, num_heads=2, mlp_hidden=32)),
         seeds=(0, 1), routing_points=64,
     ),
-    # About 4 minutes a seed on two CPU cores: 16x fewer points and half the epochs of the paper.
+    # Chapter 5 cold at this profile: 7.7 minutes on two quiet CPU cores, three seeds (measured in
+    # `make book`, 2026-11-23). 16x fewer points and half the epochs of the paper; shrunk from
+    # 20,000 points per function (one seed) to fit three seeds.
     "cpu": FuzzyBooleanConfig(
         FuzzyBooleanTrain(points_per_function=10_000, pretrain=_tc(10, 64, 2e-3),
                           finetune=_tc(3, 64, 4e-3)),

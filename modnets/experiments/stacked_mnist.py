@@ -172,17 +172,12 @@ CONFIGS = {
                           optim=_optim(1, 16)),
         seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # Three seeds of both models in about 9 minutes cold on two idle CPU cores (canvases,
-    # training, testing, diagnostics). Shrunk from App. C and from the one-seed cpu profile
-    # before seeds (about 8 minutes): a quarter of App. C's width (8 -> 128 channels), 4,000
-    # canvases per training count (before: 7,500), 4 epochs instead of 300, batches of 16 (the
-    # plain CNN without batch norm needs many steps before it starts to learn, so small batches
-    # help more than width), 400 validation canvases per count (before: 500). Timed steps on
-    # two idle cores: 0.010 s per CNN step, 0.065 s per NFM step (two passes and seven
-    # attention reads, the largest at 32x32 positions), about 2.5 ms per scored NFM canvas;
-    # 4 epochs x 500 steps per model and seed: 20 s (CNN) + 130 s (NFM) + about 30 s of
-    # validation, testing and diagnostics = 180 s a seed, x 3 seeds = 9 min (about 13.5 min if
-    # the two cores give only one thread's speed: 0.10 s per NFM step).
+    # Chapter 11 cold at this profile: 9.3 minutes on two quiet CPU cores, three seeds of both
+    # models (measured in `make book`, 2026-11-23). A quarter of App. C's width (8 -> 128
+    # channels), 4,000 canvases per training count (shrunk from 7,500 to fit three seeds), 4
+    # epochs instead of 300, batches of 16 (the plain CNN without batch norm needs many steps
+    # before it starts to learn, so small batches help more than width), 400 validation canvases
+    # per count.
     "cpu": StackedMNISTConfig(
         StackedMNISTTrain(train_per_count=4_000, val_per_count=400, width=8,
                           optim=_optim(4, 16)),

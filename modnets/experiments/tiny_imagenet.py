@@ -183,15 +183,12 @@ CONFIGS = {
         seeds=(0, 1), drop_fractions=(0.0, 0.5, 0.8, 0.9), edge_fractions=(0.0, 0.9),
         throughput_batch=8, throughput_repeats=1, eval_batch=64,
     ),
-    # Three seeds in about 20 minutes cold on two CPU cores (chapter 10, with its random-drop
-    # control, about 21): 20 classes (10,000 train / 1,000 val images), 64 processor modules and
-    # 8 read-out modules as before; shrunk from the previous one-seed cpu sizes (dim 96, 4 layers,
-    # 8 epochs: PIO 7.5 + NAC 8.8 = 16.3 minutes a seed) to dim 64, 2 layers (ffn 128, codes 32)
-    # and 6 epochs. Timed training steps (batch 64, crop + flip, side by side on one thread)
-    # take 0.46x as long at the new sizes, so training costs 16.3 x 0.46 x 6/8 = 5.6 minutes a
-    # seed for both models (16.8 for three); the drop, speed and edge analyses (throughput with
-    # 3 repeats) about 1 minute a seed; decoding the images a few seconds. The short schedule
-    # takes a higher learning rate than Table 4's and one warm-up epoch.
+    # Chapter 10 cold at this profile: 7.8 minutes on two quiet CPU cores, three seeds of both
+    # models (measured in `make book`, 2026-11-23). 20 classes (10,000 train / 1,000 val images),
+    # 64 processor and 8 read-out modules; shrunk from the one-seed cpu sizes (dim 96, 4 layers,
+    # 8 epochs) to dim 64, 2 layers (ffn 128, codes 32) and 6 epochs to fit three seeds, which
+    # cost about 3 points of top-1 (44.2 -> 41.1 for the NAC, 45.2 -> 41.7 for Perceiver IO). The
+    # short schedule takes a higher learning rate than Table 4's and one warm-up epoch.
     "cpu": TinyImageNetConfig(
         TinyImageNetTrain(
             classes=20, augment="cpu",
