@@ -1,6 +1,7 @@
 """Numbers that say whether a mechanism a paper relies on is at work, from :mod:`modnets.probes`.
 
-* :func:`routing` -- NI: how spread the routing ``C`` is (collapsed, modular or uniform).
+* :func:`routing` -- NI: how spread the routing ``C`` is (collapsed, modular or uniform);
+  :func:`ni_routing` runs a model under a trace and applies it to the input elements.
 * :func:`links` -- NAC: how sparse the link probabilities ``P`` are and how unequal the
   module importances ``q_i`` (App. F).
 * :func:`nfm_reads` -- NFM: how much weight each read puts on reading nothing (the default slot).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["routing", "links", "nfm_reads"]
+__all__ = ["routing", "ni_routing", "links", "nfm_reads"]
 
 
 def routing(compat: Tensor, tokens: slice | None = None) -> dict:
@@ -41,6 +42,18 @@ def routing(compat: Tensor, tokens: slice | None = None) -> dict:
         "entropy": entropy.mean((1, 2)).tolist(),
         "uniform_entropy": float(torch.log(torch.tensor(float(C.shape[2])))),
     }
+
+
+@torch.no_grad()
+def ni_routing(model, inputs: Tensor) -> dict:
+    """:func:`routing` of a Neural Interpreter's input elements (its CLS tokens left out) on
+    ``inputs``, read through the ``ni.compatibility`` probe in evaluation mode."""
+    from modnets.probes import trace
+
+    model.eval()
+    with trace("ni.compatibility") as t:
+        model(inputs.to(next(model.parameters()).device))
+    return routing(t.stack("ni.compatibility"), tokens=slice(model.config.num_cls, None))
 
 
 def links(P: Tensor) -> dict:

@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -340,7 +340,8 @@ class TrainConfig:
     amp: bool = True
     best: str | None = None
     log_points: int = 100  # points of the logged loss curve (each the mean since the last)
-    save_every: int = 500  # steps between training-state checkpoints
+    # steps between training-state checkpoints (not in the checkpoint key: no effect on weights)
+    save_every: int = field(default=500, metadata={"key": False})
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "log_points"):
@@ -445,6 +446,8 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
 
     if (n is None) == (batches is None):
         raise ValueError("give exactly one of n (number of training samples) and batches")
+    if config.best is not None and evaluate is None:
+        raise ValueError(f"TrainConfig.best={config.best!r} needs an evaluate function")
     device = next(model.parameters()).device
     if param_groups is None:
         param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]

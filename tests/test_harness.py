@@ -80,6 +80,9 @@ def test_fit_needs_exactly_one_data_source_and_a_loss():
         fit(model, lambda net, b: net.weight.sum(), cfg, show_progress=False)
     with pytest.raises(TypeError, match="loss"):
         fit(model, lambda net, b: 1.0, cfg, n=1, show_progress=False)
+    with pytest.raises(ValueError, match="evaluate"):
+        fit(model, lambda net, b: net.weight.sum(), dataclasses.replace(cfg, best="acc"), n=1,
+            show_progress=False)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- keys
@@ -110,8 +113,24 @@ def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
 
     assert harness.code_fingerprint(f) != harness.code_fingerprint(g)
     assert harness.code_fingerprint(f) == harness.code_fingerprint(f)
+    # a helper of the step's own module that the step calls is hashed with it
+    (tmp_modules / "modnets_fp_c.py").write_text(
+        "def helper():\n    return 1\n\n\ndef step():\n    return helper()\n"
+    )
+    c = importlib.import_module("modnets_fp_c")
+    first = harness.code_fingerprint(c.step)
+    (tmp_modules / "modnets_fp_c.py").write_text(
+        "def helper():\n    return 2\n\n\ndef step():\n    return helper()\n"
+    )
+    c = importlib.reload(c)
+    assert harness.code_fingerprint(c.step) != first
+    sys.modules.pop("modnets_fp_c", None)
     with pytest.raises(TypeError, match="modules"):
         harness.code_fingerprint(3)
+    # "from modnets import distributed" is that module, not the package (and every architecture)
+    closure = harness._module_closure("modnets.training")
+    assert "modnets.distributed" in closure and "modnets" not in closure
+    assert "modnets.nfm" not in harness._module_closure("modnets.ni")
 
 
 def test_data_fingerprint_sees_added_files_not_where_the_folder_lives(tmp_path):
@@ -131,6 +150,10 @@ def test_the_key_hashes_training_seed_data_and_code_but_not_the_analysis():
     analysis_changed = dataclasses.replace(cfg, routing_points=7)  # analysis only
     assert harness.checkpoint_key("x", analysis_changed.train, 0, "data", "code") == key
     trained_changed = dataclasses.replace(cfg.train, points_per_function=999)
+    saving = dataclasses.replace(
+        cfg.train, pretrain=dataclasses.replace(cfg.train.pretrain, save_every=7)
+    )
+    assert harness.checkpoint_key("x", saving, 0, "data", "code") == key  # no effect on weights
     for other in (harness.checkpoint_key("x", trained_changed, 0, "data", "code"),
                   harness.checkpoint_key("x", cfg.train, 1, "data", "code"),
                   harness.checkpoint_key("x", cfg.train, 0, "data2", "code"),
@@ -146,6 +169,8 @@ def test_load_or_train_trains_once_then_loads_and_retrains_on_new_code_or_data(
 
     def train(model, state_path, resume):
         calls.append(state_path)
+        if state_path is not None:
+            state_path.write_bytes(b"training state")  # as fit would
         with torch.no_grad():
             model.weight.add_(1.0)
         return {"trained": True}
@@ -193,7 +218,8 @@ def test_seed_stats_is_scipys_t_interval():
      ([0.01, 0.02, 0.015], 0.03, "<", "reproduced"),
      ([0.05, 0.06, 0.055], 0.03, "<", "not reproduced"),
      ([0.5], 0.0, ">", "inconclusive"),
-     ([0.5, 0.5], 0.0, ">", "inconclusive")],
+     ([0.5, 0.5], 0.0, ">", "inconclusive"),
+     ([0.5, float("nan"), 0.6], 0.0, ">", "inconclusive")],
 )  # fmt: skip
 def test_decide(values, threshold, direction, verdict):
     assert cl.decide(values, threshold, direction)[0] == verdict

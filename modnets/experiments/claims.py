@@ -20,6 +20,7 @@ chapters render them with :func:`claims_table` and state verdicts only through
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -80,6 +81,8 @@ def decide(values: Sequence[float], threshold: float = 0.0, direction: str = ">"
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {tuple(DIRECTIONS)}, got {direction!r}")
     s = seed_stats(values, confidence)
+    if not all(math.isfinite(v) for v in s["values"]):
+        return "inconclusive", None, "a seed gave a non-finite value: no interval"
     if s["ci"] is None:
         return "inconclusive", None, "one seed: no interval, so no verdict"
     if s["sd"] == 0.0:  # e.g. accuracies on a tiny set, equal on every seed: no spread measured

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets import diagnostics, distributed, probes
+from modnets import diagnostics, distributed
 from modnets.baselines import ViT
 from modnets.data import data_root
 from modnets.data.digits import load_digits
@@ -69,7 +69,6 @@ __all__ = [
     "drop_functions",
     "anytime",
     "inferred_types",
-    "routing_diagnostics",
     "run",
     "claims",
     "dry_run",
@@ -561,19 +560,6 @@ def inferred_types(model: NeuralInterpreter, images: Tensor) -> tuple[Tensor, Te
     return types, closest
 
 
-@torch.no_grad()
-def routing_diagnostics(model: NeuralInterpreter, data: DigitsData, n: int) -> dict:
-    """How the patch tokens are routed (:func:`modnets.diagnostics.routing`, CLS tokens left
-    out) on ``n`` validation images spread over the datasets, through the probes."""
-    model.eval()
-    device = next(model.parameters()).device
-    idx = torch.linspace(0, len(data.x_val) - 1, min(n, len(data.x_val))).long()
-    with probes.trace("ni.compatibility") as t:
-        model(Preprocess()(data.x_val[idx].to(device)))
-    num_cls = model.config.num_cls
-    return diagnostics.routing(t.stack("ni.compatibility"), tokens=slice(num_cls, None))
-
-
 def _mean(values) -> float:
     return float(np.mean(list(values.values()) if isinstance(values, dict) else values))
 
@@ -660,7 +646,9 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
         bar.close()
         models["ni"]["per_seed"][-1].update(ni_out)
         models["vit"]["per_seed"][-1].update(vit_out)
-        routing.append({"seed": seed, **routing_diagnostics(ni, data, config.routing_images)})
+        idx = torch.linspace(0, len(data.x_val) - 1, min(config.routing_images, len(data.x_val)))
+        images = Preprocess()(data.x_val[idx.long()])  # spread over the datasets
+        routing.append({"seed": seed, **diagnostics.ni_routing(ni, images)})
     for kind, entry in models.items():
         runs = entry["per_seed"]
         entry["mean_val_acc"] = seed_stats([r["mean_val_acc"] for r in runs])

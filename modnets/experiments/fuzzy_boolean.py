@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modnets import diagnostics, distributed, probes
+from modnets import diagnostics, distributed
 from modnets.data import fuzzy_boolean as fuzzy_data
 from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_functions
 from modnets.experiments import harness
@@ -260,18 +260,6 @@ def trained_models(config: FuzzyBooleanConfig, seed: int, data=None, device=None
     return out
 
 
-@torch.no_grad()
-def routing_diagnostics(model: NeuralInterpreter, data: MultiTaskData, n: int) -> dict:
-    """How the variable tokens are routed (:func:`modnets.diagnostics.routing`) on ``n``
-    validation points, through the probes."""
-    model.eval()
-    device = next(model.parameters()).device
-    with probes.trace("ni.compatibility") as t:
-        model(data.x_val[:n].to(device))
-    num_cls = model.config.num_cls
-    return diagnostics.routing(t.stack("ni.compatibility"), tokens=slice(num_cls, None))
-
-
 def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
     """The pretraining model of ``config`` and one loss on two random points (see
     :func:`modnets.experiments.harness.dry_run`)."""
@@ -303,7 +291,8 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
                 "seed": seed, "r2": r2.tolist(), "mean_r2": r2.mean().item(), "history": history,
                 "trainable_parameters": trainable_parameters(model),
             })  # fmt: skip
-        routing.append(routing_diagnostics(trained["pretrain"][0], pre_data, config.routing_points))
+        x = pre_data.x_val[: config.routing_points]
+        routing.append({"seed": seed, **diagnostics.ni_routing(trained["pretrain"][0], x)})
     for entry in models.values():
         entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
     results = {
@@ -320,8 +309,10 @@ def claims(results: dict) -> list:
     """NI Table 1 as tests over seeds (rules fixed before the numbers were seen)."""
     m = results["models"]
     r2 = {k: per_seed(m[k]["per_seed"], "mean_r2") for k in m}
+    # "re-routing closes more than half of the gap", (type - cls) / (all - cls) > 0.5, tested in
+    # its linear form, which stays finite on a seed where all - cls is tiny
     gap = [
-        (t - c) / max(a - c, 1e-9) for c, t, a in zip(r2["cls"], r2["type"], r2["all"], strict=True)
+        (t - c) - 0.5 * (a - c) for c, t, a in zip(r2["cls"], r2["type"], r2["all"], strict=True)
     ]
     paper = {k: v["value"] for k, v in PAPER.items()}
     paper_gap = (paper["type"][0] - paper["cls"][0]) / (paper["all"][0] - paper["cls"][0])
@@ -345,7 +336,8 @@ def claims(results: dict) -> list:
         precondition(
             threshold_claim("gap-closed", "Re-routing alone closes most of the CLS → all gap",
                             "NI Table 1", f"{paper_gap:.0%} of the gap", gap,
-                            quantity="(type − cls) / (all − cls)", threshold=0.5, digits=2),
+                            quantity="(type − cls) − ½ (all − cls), i.e. more than half the gap closed",
+                            threshold=0.0, digits=4),
             gap_exists.verdict == "reproduced",
             "no gap to close: finetuning everything does not beat the CLS tokens beyond seed noise",
         ),

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -89,18 +90,56 @@ def _module_closure(name: str) -> tuple[str, ...]:
                 todo += [a.name for a in node.names if a.name.startswith("modnets")]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 if node.module.startswith("modnets"):
-                    todo.append(node.module)
-                    # "from modnets.nn import tokens" imports a submodule
-                    todo += [f"{node.module}.{a.name}" for a in node.names]
+                    # "from modnets import distributed" imports a submodule, not the package's
+                    # __init__ (which imports every architecture); "from modnets.ni import X"
+                    # imports the module itself
+                    subs = [f"{node.module}.{a.name}" for a in node.names]
+                    found = [m for m in subs if _is_module(m)]
+                    todo += found
+                    if len(found) < len(subs):
+                        todo.append(node.module)
     return tuple(sorted(seen))
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+def _referenced(fn: Callable) -> list[Callable]:
+    """The functions and classes of ``fn``'s own module that ``fn`` names (transitively), so
+    that a helper a training step calls is hashed with it."""
+    module = inspect.getmodule(fn)
+    out, todo, seen = [], [fn], set()
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        out.append(f)
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(f)))
+        except (OSError, TypeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                obj = getattr(module, node.id, None)
+                if (inspect.isfunction(obj) or inspect.isclass(obj)) and inspect.getmodule(
+                    obj
+                ) is module:
+                    todo.append(obj)
+    return out
 
 
 def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
     """A hash of the library code a trained model depends on.
 
     Each part is a module (or its dotted name), hashed with every ``modnets`` module it imports,
-    or a function or class, hashed by its own source (an experiment's model builder and training
-    step, without the rest of its module, so that a change to an analysis retrains nothing).
+    or a function or class, hashed by its own source and that of every function or class of its
+    module it names, transitively (an experiment's model builder and training step with their
+    helpers, without the rest of the module, so that a change to an analysis retrains nothing).
     """
     h = hashlib.sha256()
     for part in parts:
@@ -110,8 +149,9 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
                 origin = importlib.util.find_spec(mod).origin
                 h.update(mod.encode() + b"\0" + Path(origin).read_bytes() + b"\0")
         elif callable(part):
-            h.update(f"{part.__module__}.{part.__qualname__}".encode() + b"\0")
-            h.update(inspect.getsource(part).encode() + b"\0")
+            for f in _referenced(part):
+                h.update(f"{f.__module__}.{f.__qualname__}".encode() + b"\0")
+                h.update(inspect.getsource(f).encode() + b"\0")
         else:
             raise TypeError(
                 f"code parts must be modules, module names or functions, got {type(part).__name__}"
@@ -140,24 +180,44 @@ def data_fingerprint(*paths: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
-def _plain(obj):
-    """A configuration as plain JSON types (dataclasses, tuples, paths)."""
+def _plain(obj, for_key: bool = False):
+    """A configuration as plain JSON types (dataclasses, tuples, paths). ``for_key`` leaves out
+    the dataclass fields marked ``metadata={"key": False}`` (they do not change the weights)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _plain(getattr(obj, f.name), for_key) for f in dataclasses.fields(obj)
+                if not (for_key and f.metadata.get("key", True) is False)}  # fmt: skip
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): _plain(v, for_key) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
+        return [_plain(v, for_key) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj
 
 
+def _config_classes(obj) -> list[type]:
+    """The dataclass types inside a configuration (their methods, e.g. ``model_config``, decide
+    the model as much as their fields do)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = [type(obj)]
+        for f in dataclasses.fields(obj):
+            out += _config_classes(getattr(obj, f.name))
+        return out
+    if isinstance(obj, dict | list | tuple):
+        return [
+            c for v in (obj.values() if isinstance(obj, dict) else obj) for c in _config_classes(v)
+        ]
+    return []
+
+
 def checkpoint_key(name: str, train_config, seed: int, data: str, code: str) -> str:
-    """The checkpoint key: a hash of ``name``, the whole training configuration, the seed and the
-    data and code fingerprints."""
-    blob = json.dumps({"name": name, "train": _plain(train_config), "seed": seed, "data": data,
-                       "code": code}, sort_keys=True, default=str)  # fmt: skip
+    """The checkpoint key: a hash of ``name``, the whole training configuration (its values and
+    the source of its dataclasses), the seed and the data and code fingerprints."""
+    classes = sorted({c for c in _config_classes(train_config)}, key=lambda c: c.__qualname__)
+    sources = [inspect.getsource(c) for c in classes]
+    blob = json.dumps({"name": name, "train": _plain(train_config, for_key=True), "seed": seed,
+                       "data": data, "code": code, "config_code": sources},
+                      sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -578,7 +578,7 @@ def claims(results: dict) -> list:
     nac_at80, pio_full = _paired(nac, pio, "top1_at80", "top1")
     pct = dict(scale=100, digits=1)
     return [
-        comparison_claim("table1", f"{nac_key} is at least as accurate as Perceiver IO in "
+        comparison_claim("table1", f"{nac_key} is more accurate than Perceiver IO in "
                          "distribution (top-1)", paper_nac["source"],
                          f"{p_nac['top1']} vs {p_pio['top1']} top-1 (200 classes)", nac_top1,
                          pio_top1, names=("NAC", "Perceiver IO"), quantity="top-1 accuracy",
@@ -595,7 +595,7 @@ def claims(results: dict) -> list:
                          "Perceiver IO degrades faster than the NAC", pio_lost, nac_lost,
                          names=("Perceiver IO", "NAC"),
                          quantity="top-1 points lost at 80 % dropped", unit=" points", **pct),
-        comparison_claim("fig5-caption", "With 80 % of its modules dropped the NAC stays at or "
+        comparison_claim("fig5-caption", "With 80 % of its modules dropped the NAC stays "
                          "above the full Perceiver IO", PAPER["fig5_caption"]["source"],
                          "NAC at 80 % dropped ≥ full Perceiver IO", nac_at80, pio_full,
                          names=("NAC at 80 % dropped", "full Perceiver IO"),
