@@ -177,7 +177,7 @@ CONFIGS = {
         finetune_epochs=1, adaptation_seeds=1, capacity_functions=(3, 4), drop_trials=1,
         tsne_images=2, routing_images=32,
     ),
-    # Chapter 6 cold at this profile: 7.6 minutes on two quiet CPU cores, three pretraining seeds
+    # Chapter 6 cold at this profile: about 8 minutes (7.6 and 7.8 in two runs) on two quiet CPU cores, three pretraining seeds
     # (measured in `make book`, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
     # split again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens), a
     # narrow model. Shrunk from the one-seed cpu configuration to fit three seeds: 3000 instead of

@@ -121,7 +121,7 @@ CONFIGS = {
                           model=dict(dim=16, num_functions=3, num_heads=2, mlp_hidden=32)),
         seeds=(0, 1), routing_points=64,
     ),
-    # Chapter 5 cold at this profile: 7.7 minutes on two quiet CPU cores, three seeds (measured in
+    # Chapter 5 cold at this profile: about 8 minutes (7.7 and 8.2 in two runs) on two quiet CPU cores, three seeds (measured in
     # `make book`, 2026-11-23). 16x fewer points and half the epochs of the paper; shrunk from
     # 20,000 points per function (one seed) to fit three seeds.
     "cpu": FuzzyBooleanConfig(

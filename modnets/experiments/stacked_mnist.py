@@ -172,7 +172,7 @@ CONFIGS = {
                           optim=_optim(1, 16)),
         seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # Chapter 11 cold at this profile: 9.3 minutes on two quiet CPU cores, three seeds of both
+    # Chapter 11 cold at this profile: 9.3 minutes (two runs) on two quiet CPU cores, three seeds of both
     # models (measured in `make book`, 2026-11-23). A quarter of App. C's width (8 -> 128
     # channels), 4,000 canvases per training count (shrunk from 7,500 to fit three seeds), 4
     # epochs instead of 300, batches of 16 (the plain CNN without batch norm needs many steps

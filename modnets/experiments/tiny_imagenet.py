@@ -183,7 +183,7 @@ CONFIGS = {
         seeds=(0, 1), drop_fractions=(0.0, 0.5, 0.8, 0.9), edge_fractions=(0.0, 0.9),
         throughput_batch=8, throughput_repeats=1, eval_batch=64,
     ),
-    # Chapter 10 cold at this profile: 7.8 minutes on two quiet CPU cores, three seeds of both
+    # Chapter 10 cold at this profile: 8-9 minutes (7.8 and 8.6 in two runs) on two quiet CPU cores, three seeds of both
     # models (measured in `make book`, 2026-11-23). 20 classes (10,000 train / 1,000 val images),
     # 64 processor and 8 read-out modules; shrunk from the one-seed cpu sizes (dim 96, 4 layers,
     # 8 epochs) to dim 64, 2 layers (ffn 128, codes 32) and 6 epochs to fit three seeds, which
