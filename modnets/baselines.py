@@ -225,7 +225,9 @@ class PerceiverIO(nn.Module):
         g = torch.Generator().manual_seed(seed)
         keep = torch.randperm(U, generator=g)[n:].sort().values
         new = copy.deepcopy(self)
-        new.config = dataclasses.replace(self.config, num_processors=U - n, prior=None)
+        new.config = dataclasses.replace(
+            self.config, num_processors=U - n, num_read_in=0, prior=None
+        )
         new.latents = nn.Parameter(self.latents.detach()[keep].clone())
         return new
 
@@ -236,10 +238,12 @@ class PerceiverIO(nn.Module):
 
 def perceiver_io_config(config: NACConfig) -> NACConfig:
     """The NAC configuration that simulates a Perceiver IO (NAC §4.1, App. B.2): ModFC's
-    ``alpha = 0`` (plain linear layers), a dense kernel, free initial states, one read-out module."""
+    ``alpha = 0`` (plain linear layers), a dense kernel, free initial states, one read-out module,
+    every latent reading the input, and none of the NAC's training noise or LayerScale."""
     return dataclasses.replace(
         config, alpha=0.0, learn_alpha=False, kernel="dense", initial_states="free",
-        num_readouts=1, prior=None, generator="unconditional",
+        num_readouts=1, prior=None, generator="unconditional", num_read_in=0, layer_scale=None,
+        drop_path=0.0, code_noise=0.0, state_noise=False,
     )  # fmt: skip
 
 

@@ -82,3 +82,28 @@ def nfm_reads(weights: list[Tensor]) -> dict:
         "default_weight": [w[..., 0].float().mean().item() for w in weights],
         "candidates": [w.shape[-1] - 1 for w in weights],
     }
+
+
+def circuit(model) -> dict:
+    """The learned circuit of a NAC against its graph prior (NAC App. A, F), on the mediators:
+    :func:`links` of ``P``, the learned bandwidth, and with a prior its density (mean off-diagonal
+    ``P0``) and the Spearman correlation of ``q_i`` with the degree of the prior node module ``i``
+    is matched to (the regulariser's permutation): near 1 when the hubs the prior asks for are
+    the modules that became hubs; ``nan`` when every prior node has the same degree."""
+    from scipy.stats import spearmanr
+
+    from modnets.graphs import match_permutation
+
+    with torch.no_grad():
+        P = model.mediator_links().detach().float().cpu()
+    out = {**links(P), "bandwidth": float(model.bandwidth)}
+    reg = model.graph_prior
+    if reg is not None:
+        prior = reg.prior.detach().float().cpu()
+        U = prior.shape[0]
+        out["prior_density"] = prior[~torch.eye(U, dtype=torch.bool)].mean().item()
+        matched = prior.sum(-1)[match_permutation(P, prior, reg.refine_steps)]
+        q = P.sum(-1)
+        rho = spearmanr(q.numpy(), matched.numpy()).statistic if matched.std() > 0 else float("nan")
+        out["q_prior_spearman"] = float(rho)
+    return out

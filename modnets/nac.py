@@ -15,8 +15,17 @@ smaller network (App. F).
 Choices where the paper is silent (each configurable, each stated in chapter 9):
 
 * pre-LayerNorm residual blocks around every attention and ModFFN, as in Perceiver IO and the
-  public NAC code;
-* one Concrete sample of the kernel per layer and forward pass, shared by the batch and the heads;
+  public NAC code, with its LayerScale and DropPath on the residual branches of the propagators
+  and the read-out (``layer_scale``, ``drop_path``);
+* one Concrete sample of the kernel per example, layer and forward pass, shared by the heads (the
+  public code samples per example);
+* one learnable bandwidth ``epsilon`` per circuit, shared by every attention, the graph prior and
+  the importances (the public code learns one per propagator and regularises each);
+* module roles (``num_read_in``): with ``num_read_in = R > 0`` the first ``R`` processor modules
+  are *read-in modules* -- they attend to the input, then only send -- and the others are
+  *mediators*, which receive from everyone, are the only modules the graph prior regularises,
+  and are the ones :meth:`NeuralAttentiveCircuit.drop_modules` drops by default (the public
+  code's input latents and mediators); ``R = 0`` makes every processor module both;
 * the read-out modules' confidences are a linear score of their final state, turned into weights by
   a softmax over the read-out modules;
 * initial states are a 2-layer GELU MLP of the code (§2.2), shared by processor and read-out modules.
@@ -51,13 +60,16 @@ __all__ = [
 ]
 
 KERNELS = ("learned", "frozen", "dense")
+DROP_ORDERS = ("least", "most", "random")
+DROP_AMONG = ("mediators", "processors")
 GENERATORS = ("unconditional", "conditional")
 INITIAL_STATES = ("codes", "free")
 
 
 @dataclass
 class NACConfig:
-    """Every size and switch of a NAC (defaults: NAC Table 4, Tiny-ImageNet).
+    """Every size and switch of a NAC (defaults: NAC Table 4, Tiny-ImageNet, and where Table 4 is
+    silent the public code's Tiny-ImageNet configuration).
 
     Attributes:
         input_dim: features of each input token (after the tokenizer).
@@ -80,7 +92,30 @@ class NACConfig:
         initial_states: ``"codes"`` (a 2-layer MLP of the code, §2.2) or ``"free"`` parameters
             (Perceiver IO's latents).
         prior, prior_params: the graph prior of App. A (a name of :data:`modnets.graphs.GRAPHONS`
-            or ``None``) and its graphon parameters.
+            or ``None``) and its graphon parameters; it regularises the mediators.
+        truncation: ``P_ij = 0`` where the cosine distance of two signatures exceeds it (the
+            public code's 0.9; ``None`` is eq. 2 as printed, whose mean off-diagonal ``P`` cannot
+            fall below ~0.36: chapter 7).
+        straight_through: gradients of truncated pairs through the untruncated ``P`` (our
+            option; the public code passes none).
+        learn_bandwidth: ``epsilon`` is a parameter initialised at ``bandwidth`` (public code).
+        num_read_in: ``R`` read-in modules among the ``num_processors`` (public code: 64 of 320);
+            0 makes every processor module read the input and be graph-regularised.
+        layer_scale: LayerScale's initial value on the propagators' and read-out's residual
+            branches (the public code's ``nc_full_tiny_imnet.yml``: 0.1; Table 4 lists none;
+            ``None`` turns it off).
+        drop_path: DropPath (stochastic depth) probability on the propagators' residual branches
+            in training (public code: 0.1; its read-out has none, nor has ours).
+        code_noise: in training, each receiving module's code is scaled by ``1 + U(-a, a)``
+            feature-wise (public code's ``VectorScaleNoise``, ``a = 0.05``; 0 turns it off).
+        state_noise: in training, initial states are ``mu(c) + sigma(c) * N(0, 1)`` per example,
+            ``log sigma^2`` a linear map of the code with bias -5 (public code's latent seeder);
+            evaluation uses ``mu(c)``. Only with ``initial_states="codes"``.
+        per_example_kernel: one Concrete kernel sample per example in training (public code);
+            ``False`` shares one sample per layer and forward pass across the batch.
+        read_out_from_read_in: with read-in modules, the read-out attends to them as well as to
+            the mediators (public code's default, ``enable_input_output_communication``);
+            ``False``: to the mediators only, so every message to the output passes through them.
     """
 
     input_dim: int
@@ -109,6 +144,21 @@ class NACConfig:
     initial_states: str = "codes"
     prior: str | None = "scale_free"
     prior_params: dict = field(default_factory=dict)
+    truncation: float | None = 0.9
+    straight_through: bool = False
+    learn_bandwidth: bool = True
+    num_read_in: int = 0
+    layer_scale: float | None = 0.1
+    drop_path: float = 0.1
+    code_noise: float = 0.05
+    state_noise: bool = True
+    per_example_kernel: bool = True
+    read_out_from_read_in: bool = True
+
+    @property
+    def num_mediators(self) -> int:
+        """Processor modules that are not read-in modules (all of them when ``num_read_in = 0``)."""
+        return self.num_processors - self.num_read_in
 
     def __post_init__(self):
         for name in ("input_dim", "num_outputs", "dim", "num_layers", "num_processors",
@@ -144,8 +194,22 @@ class NACConfig:
             raise ValueError("NACConfig.initial_states='free' needs generator='unconditional'")
         if self.generator == "conditional" and self.kernel == "frozen":
             raise ValueError("NACConfig.kernel='frozen' needs generator='unconditional'")
-        if self.num_processors < 2 and self.prior is not None:
-            raise ValueError("NACConfig.prior needs num_processors >= 2")
+        if (
+            isinstance(self.num_read_in, bool)
+            or not isinstance(self.num_read_in, int)
+            or not (0 <= self.num_read_in < self.num_processors)
+        ):
+            raise ValueError(f"NACConfig.num_read_in must be an int in [0, num_processors), got {self.num_read_in!r}")  # fmt: skip
+        if self.num_mediators < 2 and self.prior is not None:
+            raise ValueError("NACConfig.prior needs at least 2 mediators (num_processors - num_read_in)")  # fmt: skip
+        if self.truncation is not None and not 0 < self.truncation <= 2:
+            raise ValueError(f"NACConfig.truncation must be None or in (0, 2], got {self.truncation}")  # fmt: skip
+        if self.layer_scale is not None and not self.layer_scale > 0:
+            raise ValueError(f"NACConfig.layer_scale must be None or positive, got {self.layer_scale}")  # fmt: skip
+        if not 0 <= self.drop_path < 1:
+            raise ValueError(f"NACConfig.drop_path must be in [0, 1), got {self.drop_path}")
+        if not 0 <= self.code_noise < 1:
+            raise ValueError(f"NACConfig.code_noise must be in [0, 1), got {self.code_noise}")
 
 
 @dataclass
@@ -165,14 +229,57 @@ class CircuitDesign:
 
 
 class _CodeToState(nn.Module):
-    """The initial state of a module from its code: a 2-layer GELU MLP (NAC §2.2)."""
+    """The initial state of a module from its code: a 2-layer GELU MLP (NAC §2.2), and with
+    ``noise`` the public code's latent seeder: ``mu(c) + sigma(c) * N(0, 1)`` per example in
+    training, ``log sigma^2 = W c + b`` with ``b = -5`` at initialisation (``sigma ~ 0.08``)."""
 
-    def __init__(self, code_dim: int, dim: int):
+    def __init__(self, code_dim: int, dim: int, noise: bool = False):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(code_dim, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.log_var = None
+        if noise:
+            self.log_var = nn.Linear(code_dim, dim)
+            nn.init.constant_(self.log_var.bias, -5.0)
 
     def forward(self, codes: Tensor) -> Tensor:
         return self.net(codes)
+
+    def seed(self, states: Tensor, codes: Tensor, batch: int) -> Tensor:
+        """``states`` (``mu``) with the seeder's noise added per example (training only)."""
+        if self.log_var is None or not self.training:
+            return states
+        std = self.log_var(codes).mul(0.5).exp()
+        shape = (batch, *states.shape[-2:])
+        return states + std * torch.randn(shape, dtype=states.dtype, device=states.device)
+
+
+class LayerScale(nn.Module):
+    """``gamma * x`` with a learnable per-channel ``gamma`` (CaiT; the public NAC code's ModFFN
+    blocks, initial value 0.1); ``init=None`` is the identity."""
+
+    def __init__(self, dim: int, init: float | None):
+        super().__init__()
+        self.gamma = None if init is None else nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x if self.gamma is None else x * self.gamma
+
+
+def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    """DropPath / stochastic depth: zero a residual branch for a random ``p`` of the examples
+    and rescale the rest by ``1 / (1 - p)``, in training only (``x``: ``(B, ...)``)."""
+    if p == 0 or not training:
+        return x
+    keep = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device) >= p
+    return x * keep.to(x.dtype) / (1 - p)
+
+
+def code_noise(codes: Tensor, scale: float, training: bool) -> Tensor:
+    """``c * (1 + U(-scale, scale))`` feature-wise in training (public code's VectorScaleNoise:
+    ``c + U(-scale |c|, scale |c|)``), ``c`` otherwise."""
+    if scale == 0 or not training:
+        return codes
+    return codes + codes.detach().abs() * scale * (2 * torch.rand_like(codes) - 1)
 
 
 class UnconditionalCircuitGenerator(nn.Module):
@@ -194,7 +301,7 @@ class UnconditionalCircuitGenerator(nn.Module):
             self.out_states = nn.Parameter(0.02 * torch.randn(c.num_readouts, c.dim))
             self.to_state = None
         else:
-            self.to_state = _CodeToState(c.code_dim, c.dim)
+            self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise)
 
     def forward(self, condition: Tensor | None = None) -> CircuitDesign:
         if self.to_state is None:
@@ -229,7 +336,7 @@ class ConditionalCircuitGenerator(nn.Module):
         self.self_attn = nn.MultiheadAttention(d, heads, batch_first=True)
         self.to_signature = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.sig_dim))
         self.to_code = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.code_dim))
-        self.to_state = _CodeToState(c.code_dim, c.dim)
+        self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise)
 
     def forward(self, condition: Tensor | None = None) -> CircuitDesign:
         if condition is None or condition.dim() != 3:
@@ -259,14 +366,16 @@ class ModulatedAttention(nn.Module):
     values ``(B, Uk, d)`` likewise -> ``(B, Uq, d)``.
     """
 
-    def __init__(self, config: NACConfig):
+    def __init__(self, config: NACConfig, bandwidth: float | Tensor | None = None):
         super().__init__()
         c = config
         self.query = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
         self.key = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
         self.value = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
         self.out = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
-        self.attention = SKMDPA(c.num_heads, c.bandwidth, c.temperature, c.delta, c.eval_kernel)
+        self.attention = SKMDPA(c.num_heads, c.bandwidth if bandwidth is None else bandwidth,
+                                c.temperature, c.delta, c.eval_kernel, c.truncation,
+                                c.straight_through, c.per_example_kernel)  # fmt: skip
 
     def forward(self, x, codes, sigs, y, y_codes, y_sigs, key_mask=None, edge_mask=None):
         q = self.query(x, codes)
@@ -276,22 +385,42 @@ class ModulatedAttention(nn.Module):
 
 class Propagator(nn.Module):
     """One propagator layer (NAC §2.1): a round of SKMDPA among the processor modules, then
-    ``U_p`` copies of a ModFFN, each conditioned on its module's code.
+    ``U_p`` copies of a ModFFN, each conditioned on its module's code; LayerScale and DropPath on
+    both residual branches, code noise on the receiving modules' codes (training).
 
-    Shapes: states ``(B, U_p, d)`` -> ``(B, U_p, d)``.
+    ``senders``: the read-in modules' ``(states, codes, signatures)``, which send to every
+    receiving module (through the kernel) but are not updated; the keys are then the read-in
+    modules followed by ``states``, which is how ``key_mask`` and ``edge_mask`` columns are
+    ordered.
+
+    Shapes: states ``(B, U, d)`` -> ``(B, U, d)``.
     """
 
-    def __init__(self, config: NACConfig):
+    def __init__(self, config: NACConfig, bandwidth: float | Tensor | None = None):
         super().__init__()
         c = config
         self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
-        self.attn = ModulatedAttention(c)
+        self.attn = ModulatedAttention(c, bandwidth)
         self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+        self.scale_attn, self.scale_ffn = (
+            LayerScale(c.dim, c.layer_scale),
+            LayerScale(c.dim, c.layer_scale),
+        )
+        self.drop_path, self.code_noise = c.drop_path, c.code_noise
 
-    def forward(self, states, codes, sigs, key_mask=None, edge_mask=None) -> Tensor:
+    def forward(self, states, codes, sigs, key_mask=None, edge_mask=None, senders=None) -> Tensor:
         h = self.norm_attn(states)
-        states = states + self.attn(h, codes, sigs, h, codes, sigs, key_mask, edge_mask)
-        return states + self.ffn(self.norm_ffn(states), codes)
+        y, y_codes, y_sigs = h, codes, sigs
+        if senders is not None:
+            s_states, s_codes, s_sigs = senders
+            y = torch.cat([self.norm_attn(s_states), h], 1)
+            y_codes = torch.cat([s_codes, codes], -2)
+            y_sigs = None if sigs is None else torch.cat([s_sigs, sigs], -2)
+        codes = code_noise(codes, self.code_noise, self.training)  # the receivers' codes
+        msg = self.attn(h, codes, sigs, y, y_codes, y_sigs, key_mask, edge_mask)
+        states = states + drop_path(self.scale_attn(msg), self.drop_path, self.training)
+        upd = self.ffn(self.norm_ffn(states), codes)
+        return states + drop_path(self.scale_ffn(upd), self.drop_path, self.training)
 
 
 class ReadOut(nn.Module):
@@ -303,13 +432,18 @@ class ReadOut(nn.Module):
     logits ``(B, num_outputs)`` and weights ``(B, U_o)``.
     """
 
-    def __init__(self, config: NACConfig):
+    def __init__(self, config: NACConfig, bandwidth: float | Tensor | None = None):
         super().__init__()
         c = config
         self.norm_q, self.norm_kv = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
-        self.attn = ModulatedAttention(c)
+        self.attn = ModulatedAttention(c, bandwidth)
         self.norm_ffn = nn.LayerNorm(c.dim)
         self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+        self.scale_attn, self.scale_ffn = (
+            LayerScale(c.dim, c.layer_scale),
+            LayerScale(c.dim, c.layer_scale),
+        )
+        self.drop_path, self.code_noise = 0.0, c.code_noise  # public code: no DropPath here
         self.norm_out = nn.LayerNorm(c.dim)
         self.head = nn.Linear(c.dim, c.num_outputs)
         self.confidence = nn.Linear(c.dim, 1, bias=False)  # a bias cancels in the softmax
@@ -319,9 +453,12 @@ class ReadOut(nn.Module):
         y = design.out_states
         y = y.expand(B, -1, -1) if y.dim() == 2 else y
         kv = self.norm_kv(proc_states)
-        y = y + self.attn(self.norm_q(y), design.out_codes, design.out_signatures,
-                          kv, design.codes, design.signatures, key_mask)  # fmt: skip
-        y = y + self.ffn(self.norm_ffn(y), design.out_codes)
+        codes = code_noise(design.out_codes, self.code_noise, self.training)
+        msg = self.attn(self.norm_q(y), codes, design.out_signatures,
+                        kv, design.codes, design.signatures, key_mask)  # fmt: skip
+        y = y + drop_path(self.scale_attn(msg), self.drop_path, self.training)
+        upd = self.ffn(self.norm_ffn(y), codes)
+        y = y + drop_path(self.scale_ffn(upd), self.drop_path, self.training)
         y = self.norm_out(y)
         weights = torch.softmax(self.confidence(y).squeeze(-1), dim=-1)  # (B, U_o)
         return torch.einsum("bo,boc->bc", weights, self.head(y)), weights
@@ -334,6 +471,13 @@ class NACOutput:
     logits: Tensor
     confidences: Tensor
     design: CircuitDesign
+
+
+def _mediators_only(design: CircuitDesign, R: int) -> CircuitDesign:
+    """The design with the read-in modules' rows removed (what the read-out sees without them)."""
+    sigs = design.signatures
+    return dataclasses.replace(design, signatures=None if sigs is None else sigs[..., R:, :],
+                               codes=design.codes[..., R:, :], states=design.states[..., R:, :])  # fmt: skip
 
 
 class NeuralAttentiveCircuit(nn.Module):
@@ -358,18 +502,22 @@ class NeuralAttentiveCircuit(nn.Module):
             if c.generator == "unconditional"
             else ConditionalCircuitGenerator(c)
         )
+        # epsilon of NAC eq. 2: one per circuit, shared by every attention (learnable: public code)
+        self.bandwidth = nn.Parameter(torch.tensor(float(c.bandwidth)), c.learn_bandwidth)
         self.read_in = ReadIn(c.dim, c.input_dim, c.code_dim, c.read_in_heads, c.ffn_hidden,
                               c.activation, c.alpha)  # fmt: skip
         if c.share_layers:
-            shared = Propagator(c)
+            shared = Propagator(c, self.bandwidth)
             self.propagators = nn.ModuleList([shared] * c.num_layers)
         else:
-            self.propagators = nn.ModuleList(Propagator(c) for _ in range(c.num_layers))
-        self.read_out = ReadOut(c)
+            self.propagators = nn.ModuleList(
+                Propagator(c, self.bandwidth) for _ in range(c.num_layers)
+            )
+        self.read_out = ReadOut(c, self.bandwidth)
         self.register_buffer("edge_mask", None)
         self.graph_prior = None
         if c.prior is not None and c.generator == "unconditional" and c.kernel == "learned":
-            prior = graphon(c.prior, c.num_processors, **c.prior_params)
+            prior = graphon(c.prior, c.num_mediators, **c.prior_params)
             self.graph_prior = GraphPriorRegularizer(prior)
         if not c.learn_alpha:
             for m in self.modules():
@@ -394,12 +542,19 @@ class NeuralAttentiveCircuit(nn.Module):
         return self.generator()
 
     def link_probabilities(self, design: CircuitDesign | None = None) -> Tensor:
-        """``P`` among the processor modules (eq. 2): ``(U_p, U_p)`` or per sample."""
+        """``P`` among all processor modules (NAC eq. 2, truncated as configured):
+        ``(U_p, U_p)`` or per sample. The graph prior sees its mediator block
+        (:meth:`mediator_links`)."""
         design = design if design is not None else self.design()
         if design.signatures is None:
             raise ValueError("a dense-kernel NAC (kernel='dense') has no link probabilities")
-        s = design.signatures
-        return link_probabilities(s, s, self.config.bandwidth)
+        s, c = design.signatures, self.config
+        return link_probabilities(s, s, self.bandwidth, c.truncation, c.straight_through)
+
+    def mediator_links(self, design: CircuitDesign | None = None) -> Tensor:
+        """``P`` among the mediators, the graph the prior regularises: ``(M, M)``."""
+        R = self.config.num_read_in
+        return self.link_probabilities(design)[..., R:, R:]
 
     def forward(self, x: Tensor, condition: Tensor | None = None,
                 processor_mask: Tensor | None = None, return_details: bool = False):  # fmt: skip
@@ -407,9 +562,29 @@ class NeuralAttentiveCircuit(nn.Module):
         design = self.design(tokens, condition)
         if processor_mask is not None:
             processor_mask = self._check_mask(processor_mask)
-        states = self.read_in(tokens, design.states, design.codes)
-        for layer in self.propagators:
-            states = layer(states, design.codes, design.signatures, processor_mask, self.edge_mask)
+        B, R = tokens.shape[0], self.config.num_read_in
+        states = design.states
+        if self.generator.to_state is not None:
+            states = self.generator.to_state.seed(states, design.codes, B)
+        if R == 0:  # every processor module reads the input and propagates
+            states = self.read_in(tokens, states, design.codes)
+            for layer in self.propagators:
+                states = layer(states, design.codes, design.signatures, processor_mask,
+                               self.edge_mask)  # fmt: skip
+        else:  # read-in modules read the input, then send; mediators receive from everyone
+            sigs = design.signatures
+            read = self.read_in(tokens, states[..., :R, :], design.codes[..., :R, :])
+            senders = (read, design.codes[..., :R, :], None if sigs is None else sigs[..., :R, :])
+            med = states[..., R:, :]
+            med = med.expand(B, -1, -1) if med.dim() == 2 else med
+            edges = None if self.edge_mask is None else self.edge_mask[R:]
+            for layer in self.propagators:
+                med = layer(med, design.codes[..., R:, :], None if sigs is None else sigs[..., R:, :],
+                            processor_mask, edges, senders)  # fmt: skip
+            states = torch.cat([read, med], 1)
+            if not self.config.read_out_from_read_in:
+                states, design = med, _mediators_only(design, R)
+                processor_mask = None if processor_mask is None else processor_mask[R:]
         logits, confidences = self.read_out(states, design, processor_mask)
         probe("nac.confidences", confidences)
         return NACOutput(logits, confidences, design) if return_details else logits
@@ -421,47 +596,78 @@ class NeuralAttentiveCircuit(nn.Module):
                              f"{mask.dtype} {tuple(mask.shape)}")  # fmt: skip
         if not mask.any():
             raise ValueError("processor_mask drops every processor module; keep at least one")
+        R = self.config.num_read_in
+        if R and not mask[:R].any():
+            raise ValueError("processor_mask drops every read-in module; keep at least one")
         return mask.to(self.read_out.head.weight.device)
 
     # -- the graph prior (App. A) -----------------------------------------------------------------
     def graph_loss(self) -> Tensor:
-        """Eq. 6 on the processor modules' link probabilities (0 without a prior)."""
+        """NAC eq. 6 on the mediators' link probabilities (0 without a prior)."""
         if self.graph_prior is None:
             return torch.zeros((), device=self.read_out.head.weight.device)
-        return self.graph_prior(self.link_probabilities())
+        return self.graph_prior(self.mediator_links())
 
     # -- pruning (App. F) -------------------------------------------------------------------------
     def module_importance(self) -> Tensor:
-        """``q_i = sum_j P_ij`` (App. F, eq. 10): ``(U_p,)``."""
+        """``q_i = sum_j P_ij`` over the mediators ``j`` (NAC App. F, eq. 10): ``(U_p,)``, every
+        processor module's degree in the graph the prior regularises (with ``num_read_in = 0``,
+        the sum over all processor modules)."""
         if self.config.generator != "unconditional":
             raise ValueError("module importance needs generator='unconditional' (a fixed circuit)")
         with torch.no_grad():
-            return self.link_probabilities().sum(-1)
+            return self.link_probabilities()[:, self.config.num_read_in :].sum(-1)
 
-    def drop_order(self) -> Tensor:
-        """Processor module indices, least connected (smallest ``q_i``) first."""
-        return torch.argsort(self.module_importance(), stable=True)
+    def drop_order(self, order: str = "least", among: str = "mediators", seed: int = 0) -> Tensor:
+        """The droppable processor modules' indices in the order they are dropped.
 
-    def keep_mask(self, n: int) -> Tensor:
-        """The ``processor_mask`` that drops the ``n`` least connected processor modules."""
-        U = self.config.num_processors
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < U:
-            raise ValueError(f"n must be an int in [0, {U - 1}], got {n!r}")
-        order = self.drop_order()
-        mask = torch.ones(U, dtype=torch.bool, device=order.device)
-        mask[order[:n]] = False
-        return mask
-
-    def drop_modules(self, n: int) -> NeuralAttentiveCircuit:
-        """A copy without the ``n`` least connected processor modules (App. F).
-
-        The copy's per-module tensors have ``U_p - n`` rows, so every attention, ModFC and ModFFN
-        over processor modules really shrinks. It computes what ``processor_mask=keep_mask(n)``
-        computes in this model.
+        ``order``: ``"least"`` connected first (smallest ``q_i``; App. F), ``"most"`` connected
+        first, or ``"random"`` (drawn with ``seed``: the control). ``among``: ``"mediators"``
+        (the paper's reading: read-in modules are never dropped) or ``"processors"`` (any, but
+        one read-in module always stays: without it nothing reads the input).
         """
-        keep = torch.nonzero(self.keep_mask(n)).squeeze(-1)
+        if order not in DROP_ORDERS:
+            raise ValueError(f"order must be one of {DROP_ORDERS}, got {order!r}")
+        if among not in DROP_AMONG:
+            raise ValueError(f"among must be one of {DROP_AMONG}, got {among!r}")
+        q, R = self.module_importance(), self.config.num_read_in
+        start = R if among == "mediators" else 0
+        idx = torch.arange(start, len(q), device=q.device)
+        if order == "random":
+            g = torch.Generator().manual_seed(seed)
+            out = idx[torch.randperm(len(idx), generator=g).to(q.device)]
+        else:
+            sign = 1 if order == "least" else -1
+            out = idx[torch.argsort(sign * q[start:], stable=True)]
+        if among == "processors" and R:  # the last read-in module in the order is never dropped
+            last = torch.nonzero(out < R).max()
+            out = torch.cat([out[:last], out[last + 1 :]])
+        return out
+
+    def keep_mask(self, n: int, order: str = "least", among: str = "mediators",
+                  seed: int = 0) -> Tensor:  # fmt: skip
+        """The ``processor_mask`` that drops the first ``n`` modules of :meth:`drop_order`."""
+        drop = self.drop_order(order, among, seed)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(drop):
+            raise ValueError(f"n must be an int in [0, {len(drop) - 1}] (droppable {among}), got {n!r}")  # fmt: skip
+        mask = torch.ones(self.config.num_processors, dtype=torch.bool, device=drop.device)
+        mask[drop[:n]] = False
+        return self._check_mask(mask)
+
+    def drop_modules(self, n: int, order: str = "least", among: str = "mediators",
+                     seed: int = 0) -> NeuralAttentiveCircuit:  # fmt: skip
+        """A copy without ``n`` processor modules, least connected first by default (App. F).
+
+        The copy's per-module tensors have fewer rows, so every attention, ModFC and ModFFN over
+        processor modules really shrinks. It computes what ``processor_mask=keep_mask(n, ...)``
+        computes in this model. See :meth:`drop_order` for ``order``, ``among`` and ``seed``.
+        """
+        mask = self.keep_mask(n, order, among, seed)
+        keep = torch.nonzero(mask).squeeze(-1)
         new = copy.deepcopy(self)
-        new.config = dataclasses.replace(self.config, num_processors=len(keep), prior=None)
+        R = int(mask[: self.config.num_read_in].sum())
+        new.config = dataclasses.replace(self.config, num_processors=len(keep), num_read_in=R,
+                                         prior=None)  # fmt: skip
         g = new.generator
         with torch.no_grad():
             for name in ("signatures", "codes", "states"):
@@ -495,8 +701,17 @@ class NeuralAttentiveCircuit(nn.Module):
         new.edge_mask = mask
         return new
 
-    def parameter_groups(self, weight_decay: float) -> list[dict]:
+    def parameter_groups(self, weight_decay: float, circuit_lr: float | None = None) -> list[dict]:
         """AdamW groups: no weight decay on parameters with ``dim <= 1``, codes or signatures
-        (NAC App. C)."""
+        (NAC App. C). ``circuit_lr``: a learning rate of their own for the signatures and the
+        bandwidth (the circuit's wiring; ``None``: the optimiser's)."""
         exempt = ("signatures", "out_signatures", "codes", "out_codes", "queries")
-        return weight_decay_groups(self, weight_decay, exempt)
+        groups = weight_decay_groups(self, weight_decay, exempt)
+        if circuit_lr is None:
+            return groups
+        wiring = {id(p) for n, p in self.named_parameters()
+                  if n.rsplit(".", 1)[-1] in ("signatures", "out_signatures", "bandwidth")}  # fmt: skip
+        for g in groups:
+            g["params"] = [p for p in g["params"] if id(p) not in wiring]
+        own = [p for p in self.parameters() if id(p) in wiring and p.requires_grad]
+        return [*groups, {"params": own, "weight_decay": 0.0, "lr": circuit_lr}]

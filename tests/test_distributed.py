@@ -12,11 +12,13 @@ import torch
 from modnets.experiments import tiny_imagenet as ti
 
 HERE = Path(__file__).parent
-# augmentation off: each rank would draw its own crops; the Concrete kernels are drawn from the
-# same seed on every rank, as in one process
+# augmentation off: each rank would draw its own crops; so would every per-example draw (DropPath,
+# state noise, per-example kernels): one Concrete kernel per layer, drawn from the same seed on
+# every rank, as in one process
 SMOKE = ti.CONFIGS["smoke"].train
 CONFIG = dataclasses.replace(
     SMOKE, classes=3, max_train_per_class=None, max_val_per_class=None, augment=None,
+    nac={**SMOKE.nac, "drop_path": 0.0, "state_noise": False, "per_example_kernel": False},
     nac_train=dataclasses.replace(SMOKE.nac_train, epochs=2, batch_size=4, lr=1e-2),
 )  # fmt: skip
 

@@ -5,12 +5,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from modnets.graphs import (
     GRAPHONS,
     GraphPriorRegularizer,
     graphon,
     hungarian_permutation,
+    match_permutation,
     to_networkx,
 )
 
@@ -91,3 +93,117 @@ def test_regularizer_gradient_moves_p_towards_prior():
     with pytest.raises(ValueError, match="shape"):
         reg(torch.rand(4, 4))
     assert np.isfinite(loss.item())
+
+
+# ----------------------------------------------------------------------------- the matching (eq. 6)
+
+
+def eq6(P, prior, sigma):
+    """Eq. 6 for a given relabelling, diagonal excluded."""
+    residual = (P.double() - prior.double()[sigma][:, sigma]) ** 2
+    return (residual.sum() - residual.diagonal().sum()).item()
+
+
+def signature_links(U, seed, truncated):
+    """P of random signatures: exp(-(1 - cos)), cut to 0 where 1 - cos > 0.9 if truncated."""
+    s = F.normalize(torch.randn(U, 16, generator=torch.Generator().manual_seed(seed)), dim=1)
+    distance = 1 - s @ s.T
+    P = torch.exp(-distance)
+    return torch.where(distance > 0.9, 0.0, P) if truncated else P
+
+
+def relabelled(P, seed):
+    perm = torch.randperm(P.shape[0], generator=torch.Generator().manual_seed(seed))
+    return P[perm][:, perm]
+
+
+@pytest.mark.parametrize("truncated", [False, True])
+@pytest.mark.parametrize("name", GRAPHONS)
+def test_regularizer_does_not_depend_on_module_numbering(name, truncated):
+    U = 64
+    reg = GraphPriorRegularizer(graphon(name, U))
+    P = signature_links(U, seed=0, truncated=truncated)
+    loss = reg(P).item()
+    assert loss > 1.0
+    for seed in range(3):
+        assert reg(relabelled(P, seed)).item() == pytest.approx(loss, rel=1e-6, abs=0)
+
+
+@pytest.mark.parametrize(
+    "name, U, params",
+    [
+        ("planted_partition", 64, {}),
+        ("ring_of_cliques", 64, {}),
+        ("ring_of_cliques", 24, {}),  # eight 3-cliques (chapter 8)
+        ("ring_of_cliques", 50, dict(num_cliques=16)),  # cliques of 3 and 4 nodes
+        ("scale_free", 64, {}),
+    ],
+)
+def test_regularizer_is_zero_on_a_relabelled_prior(name, U, params):
+    prior = graphon(name, U, **params)
+    reg = GraphPriorRegularizer(prior)
+    for seed in range(5):
+        assert reg(relabelled(prior, seed)).item() == pytest.approx(0.0, abs=1e-8)
+
+
+@pytest.mark.parametrize("name", GRAPHONS)
+def test_regularizer_finds_the_relabelling_of_a_noisy_prior(name):
+    """Within 2 % of eq. 6 under the true relabelling (less where noise lets another fit better)."""
+    U = 64
+    prior = graphon(name, U)
+    reg = GraphPriorRegularizer(prior)
+    for seed in range(3):
+        noise = 0.05 * torch.randn(U, U, generator=torch.Generator().manual_seed(seed)).triu(1)
+        P = (prior + noise + noise.T).clamp(0, 1).fill_diagonal_(1.0)
+        true = eq6(P, prior, torch.arange(U))
+        assert reg(relabelled(P, seed + 10)).item() <= 1.02 * true
+
+
+def test_regularizer_reaches_the_brute_force_minimum_on_small_problems():
+    """A heuristic, but on 5 and 6 nodes (random prior, all U! relabellings tried) it finds the
+    minimum of eq. 6 in 35 of 40 cases and is never more than 3.2 % above it (the eq. 9 heuristic
+    it replaced: 0 of 40, up to 4x)."""
+    ratios = []
+    for U in (5, 6):
+        perms = torch.tensor(list(itertools.permutations(range(U))))
+        for seed in range(20):
+            gen = torch.Generator().manual_seed(seed)
+            R = torch.rand(U, U, generator=gen)
+            prior = (R + R.T) / 2
+            P = signature_links(U, seed, truncated=False)
+            targets = prior[perms[:, :, None], perms[:, None, :]]  # every relabelled prior
+            residual = (P - targets) ** 2
+            best = (residual.sum((1, 2)) - residual.diagonal(dim1=1, dim2=2).sum(1)).min().item()
+            ratios.append(GraphPriorRegularizer(prior)(P).item() / best)
+    assert min(ratios) > 1 - 1e-6
+    assert sum(r < 1 + 1e-6 for r in ratios) >= 34 and max(ratios) < 1.04
+
+
+@pytest.mark.parametrize("name", GRAPHONS)
+def test_match_permutation_is_the_regularizers_relabelling(name):
+    U = 48
+    prior = graphon(name, U)
+    P = signature_links(U, seed=3, truncated=True)
+    sigma = match_permutation(P, prior)
+    assert sorted(sigma.tolist()) == list(range(U))
+    assert eq6(P, prior, sigma) == pytest.approx(GraphPriorRegularizer(prior)(P).item(), rel=1e-6)
+    perm = torch.randperm(U, generator=torch.Generator().manual_seed(0))
+    # relabelling the modules relabels sigma the same way (P has no exactly tied rows)
+    assert torch.equal(match_permutation(P[perm][:, perm], prior), sigma[perm])
+
+
+def test_regularizer_rejects_bad_input():
+    prior = graphon("ring_of_cliques", 16, num_cliques=4)
+    with pytest.raises(ValueError, match="prior must be a square"):
+        GraphPriorRegularizer(torch.rand(3, 4))
+    with pytest.raises(ValueError, match="prior must be finite"):
+        GraphPriorRegularizer(torch.full((4, 4), float("nan")))
+    with pytest.raises(ValueError, match="refine_steps"):
+        GraphPriorRegularizer(prior, refine_steps=-1)
+    reg = GraphPriorRegularizer(prior)
+    with pytest.raises(ValueError, match="P must have shape"):
+        reg(torch.rand(2, 16, 16))
+    with pytest.raises(ValueError, match="P must be finite"):
+        reg(torch.full((16, 16), float("inf")))
+    with pytest.raises(ValueError, match="P must have the prior's shape"):
+        match_permutation(torch.rand(8, 8), prior)

@@ -119,3 +119,64 @@ def test_query_without_links_reads_nothing():
     torch.testing.assert_close(
         attn(q, k, v, s, s, key_mask=keys), attn(q, k, v2, s, s, key_mask=keys)
     )
+
+
+def test_untruncated_kernel_has_a_mean_floor():
+    """Eq. 2 as printed: mean off-diagonal P >= exp(-(1 + 1/(U-1))) for any signatures (Jensen +
+    sum_ij cos_ij = |sum_i s_i|^2 >= 0), even for signatures pushed apart."""
+    U = 32
+    floor = math.exp(-(1 + 1 / (U - 1)))
+    for s in (torch.randn(U, 8), torch.eye(U), torch.cat([torch.eye(16), -torch.eye(16)])):
+        P = link_probabilities(s, s, 1.0)
+        off = ~torch.eye(U, dtype=torch.bool)
+        assert P[off].mean() >= floor - 1e-6
+
+
+def test_truncation_gives_exact_zeros_and_straight_through_gradients():
+    torch.manual_seed(0)
+    s = torch.randn(12, 4, requires_grad=True)
+    d = 1 - F.cosine_similarity(s[:, None], s[None], dim=-1).detach()
+    far = d > 0.9
+    assert far.any() and (~far).any()
+    for st in (False, True):
+        P = link_probabilities(s, s, 1.0, truncation=0.9, straight_through=st)
+        assert (P[far] == 0).all() and (P[~far] > 0).all()  # exact zeros, nothing else changed
+        torch.testing.assert_close(P[~far], torch.exp(-d[~far]))
+        # a loss on the truncated pairs only: its gradient reaches the signatures only through
+        # the straight-through path
+        (g,) = torch.autograd.grad(P[far].sum(), s, allow_unused=True)
+        if st:
+            assert g is not None and g.abs().sum() > 0
+        else:
+            assert g is None or g.abs().sum() == 0
+
+
+def test_learnable_bandwidth_gets_a_gradient_and_does_not_move_the_cut():
+    s = torch.randn(10, 4)
+    bw = torch.tensor(0.5, requires_grad=True)
+    P = link_probabilities(s, s, bw, truncation=0.9)
+    P.sum().backward()
+    assert bw.grad is not None and bw.grad != 0
+    zeros = link_probabilities(s, s, 2.0, truncation=0.9) == 0
+    assert torch.equal(P.detach() == 0, zeros)  # the cut is on the distance, not on d / epsilon
+
+
+def test_kernel_sampled_per_example_in_training_only():
+    torch.manual_seed(0)
+    attn = SKMDPA(num_heads=1, truncation=0.9)
+    s = torch.randn(6, 4)
+    P = attn.probabilities(s, s)
+    K = attn.train().kernel(P, batch=3)
+    assert K.shape == (3, 6, 6)
+    assert not torch.allclose(K[0], K[1]) and not torch.allclose(K[1], K[2])
+    assert (K[:, P == 0] == 0).all()  # a truncated link is never sampled
+    torch.testing.assert_close(attn.eval().kernel(P, batch=3), P)  # deterministic, shared
+    shared = SKMDPA(num_heads=1, per_example=False).train().kernel(P, batch=3)
+    assert shared.shape == (6, 6)
+    # in the attention: two identical examples get different outputs in training only
+    q, k, v, _ = inputs(B=1, U=6)
+    q, k, v = (t.expand(2, -1, -1) for t in (q, k, v))
+    out = attn.train()(q, k, v, s, s)
+    assert not torch.allclose(out[0], out[1])
+    out = attn.eval()(q, k, v, s, s)
+    torch.testing.assert_close(out[0], out[1])

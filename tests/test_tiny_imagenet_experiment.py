@@ -39,8 +39,11 @@ def test_run_trains_checkpoints_and_reloads(env):
     nac = first["models"]["NAC (scale_free)"]
     assert [r["seed"] for r in nac["per_seed"]] == [0, 1]
     run0 = nac["per_seed"][0]
-    # 10 processor modules in smoke; 0.8 is always measured (the claims need it)
-    assert [d["modules"] for d in run0["drop"]] == [10, 5, 2, 1]
+    # 10 processor modules in smoke, 2 of them read-in modules that are never dropped; fractions
+    # are of the 8 mediators; 0.8 is always measured (the claims need it)
+    assert [d["modules"] for d in run0["drop"]] == [10, 6, 4, 3]
+    assert [d["modules"] for d in run0["drop_random"]] == [10, 6, 4, 3]
+    assert len(run0["drop_random"][1]["draws"]) == TINY.random_draws
     assert [d["fraction"] for d in run0["edges"]] == [0.0, 0.9, 1.0]
     gflops = [s["gflops"] for s in run0["speed"]]
     assert gflops[0] > gflops[1] > gflops[2] > gflops[3] > 0  # compute really shrinks
@@ -50,10 +53,15 @@ def test_run_trains_checkpoints_and_reloads(env):
     assert "graph" not in first["models"]["Perceiver IO"]["per_seed"][0]["history"]
     diag = first["diagnostics"]["NAC (scale_free)"]
     assert [d["seed"] for d in diag] == [0, 1]
-    assert len(diag[0]["links_trained"]["q"]) == 10 and len(diag[0]["links_init"]["q"]) == 10
-    assert {c["id"] for c in first["claims"]} == {"table1", "fig5a-drop80", "fig15-loses-less",
-                                                 "fig5-caption", "fig5b-speedup", "fig10-edges",
-                                                 "ood-r"}  # fmt: skip
+    assert (
+        len(diag[0]["links_trained"]["q"]) == 8 and len(diag[0]["links_init"]["q"]) == 8
+    )  # mediators
+    assert {c["id"] for c in first["claims"]} == {"table1", "fig5a-least-vs-random",
+                                                 "fig5a-least-vs-most", "fig5a-drop80",
+                                                 "fig15-loses-less", "fig5-caption",
+                                                 "fig5b-speedup", "fig10-edges", "ood-r"}  # fmt: skip
+    assert {"mean_offdiagonal_P", "q_cv", "prior_density", "q_prior_spearman",
+            "bandwidth"} <= set(diag[0]["links_trained"])  # fmt: skip
     assert len(list((env / "ckpt").glob("tiny_imagenet-*[0-9a-f].pt"))) == 4  # 2 models x 2 seeds
     assert not list((env / "ckpt").glob("*.train.pt"))  # finished models replace their states
     json.dumps(first)  # plain JSON
@@ -115,11 +123,15 @@ def test_claims_on_made_up_results_give_every_verdict():
     # each field made up on its own (they need not be consistent with each other here)
     nac = {"top1": [0.60, 0.61, 0.62], "top1_at80": [0.40, 0.41, 0.40],
            "lost_at80": [0.20, 0.20, 0.22], "relative_lost_at80": [0.01, 0.012, 0.011],
-           "speedup_at80": [2.0, 2.1, 1.9], "relative_lost_edges90": [-0.05, 0.02, 0.09]}  # fmt: skip
+           "speedup_at80": [2.0, 2.1, 1.9], "relative_lost_edges90": [-0.05, 0.02, 0.09],
+           "top1_at80_random": [0.30, 0.33, 0.31], "lost_at80_random": [0.30, 0.28, 0.31],
+           "top1_at80_most": [0.41, 0.40, 0.42]}  # fmt: skip
     pio = {"top1": [0.50, 0.52, 0.51], "lost_at80": [0.30, 0.32, 0.35]}
     verdicts = {c.id: c.verdict for c in ti.claims(fake_results(nac, pio))}
     assert verdicts == {
         "table1": "reproduced",  # NAC above PIO at every seed
+        "fig5a-least-vs-random": "reproduced",  # 10 points above random at every seed
+        "fig5a-least-vs-most": "inconclusive",  # straddles 0
         "fig5a-drop80": "reproduced",  # about 1 % relative loss
         "fig15-loses-less": "reproduced",  # PIO loses more at every seed
         "fig5-caption": "not reproduced",  # the NAC at 80 % is well below the full PIO
@@ -137,6 +149,13 @@ def test_claims_on_made_up_results_give_every_verdict():
     table1 = next(c for c in ti.claims(pio_shuffled) if c.id == "table1")
     assert table1.values == pytest.approx([0.10, 0.09, 0.11])
     assert "relative" in next(c for c in ti.claims(pio_shuffled) if c.id == "fig5a-drop80").text
+    # random dropping within the seed spread: every dropping claim is inconclusive, with why
+    harmless = {**nac, "lost_at80_random": [0.001, -0.002, 0.0]}
+    c = {c.id: c for c in ti.claims(fake_results(harmless, pio))}
+    for key in ("fig5a-least-vs-random", "fig5a-least-vs-most", "fig5a-drop80",
+                "fig15-loses-less", "fig5-caption"):  # fmt: skip
+        assert c[key].verdict == "inconclusive" and "seed spread" in c[key].reason
+    assert c["table1"].verdict == "reproduced"  # not a dropping claim
 
 
 def test_cli_at_smoke_writes_the_schema(env, monkeypatch):
@@ -154,14 +173,34 @@ def test_pruned_drops_least_connected_first():
     torch.manual_seed(0)
     model = ti.build_model("nac", TRAIN)
     assert isinstance(model, NeuralAttentiveCircuit)
-    small = ti.pruned(model, 0.5)
+    R, M = model.config.num_read_in, model.config.num_mediators  # smoke: 2 read-in, 8 mediators
+    small = ti.pruned(model, 0.5)  # half of the mediators
     q = model.module_importance()
-    kept = torch.nonzero(model.keep_mask(5)).squeeze(-1)
-    assert small.config.num_processors == 5
-    assert q[kept].min() >= q[~model.keep_mask(5)].max()  # the 5 dropped are the least connected
+    mask = model.keep_mask(4)
+    kept = torch.nonzero(mask).squeeze(-1)
+    assert small.config.num_processors == R + M - 4 and mask[:R].all()
+    assert q[R:][mask[R:]].min() >= q[~mask].max()  # the 4 dropped are the least connected
     torch.testing.assert_close(small.generator.codes, model.generator.codes[kept])
     pio = ti.build_model("pio", TRAIN)
     assert ti.pruned(pio, 0.9).latents.shape[0] == 1
+
+
+def test_drop_orders_and_random_draws():
+    """Most-first is least-first reversed, over the same mediators; a random order's accuracy is
+    the mean of its draws; fractions are of the mediators."""
+    torch.manual_seed(0)
+    model = ti.build_model("nac", TRAIN)
+    U = model.config.num_processors
+    most = model.drop_order("most")
+    least = model.drop_order("least")
+    assert most[0] == least[-1] and set(most.tolist()) == set(least.tolist())
+    x = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
+    data = ti.Data(x, torch.zeros(6, dtype=torch.long), x, torch.arange(6) % 3, ["a", "b", "c"])
+    curve = ti.drop_curve(model, data, [0.0, 0.5], 6, "random", draws=3)
+    assert [len(d["draws"]) for d in curve] == [3, 3]
+    assert curve[1]["top1"] == pytest.approx(sum(curve[1]["draws"]) / 3)
+    M = model.config.num_mediators
+    assert curve[1]["modules"] == U - round(0.5 * M)  # a fraction of the mediators
 
 
 def test_tokenizer_shapes_and_errors():
