@@ -29,6 +29,9 @@ export MODNETS_DATA := $(abspath ../shared/data)
 endif
 endif
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# The CPU thread policy (modnets/threads.py, where the value is chosen): libgomp reads it when
+# torch loads, so the notebooks' kernels get it from here.
+export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
 .PHONY: help install book test unit nbval book-check lint format bench clean
 

@@ -8,6 +8,9 @@ of its own to the suite, ``graph_prior`` (the graph-prior regulariser, NAC eq. 6
 
 from __future__ import annotations
 
+import modnets  # noqa: F401 (first: the CPU thread policy must be set before torch loads)
+
+# isort: split
 import argparse
 import json
 import statistics

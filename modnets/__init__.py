@@ -1,6 +1,11 @@
 """modnets: modular neural architectures -- Neural Interpreters, Neural Attentive Circuits and
 Neural Function Modules -- built from the ground up in PyTorch."""
 
+# ruff: noqa: E402 (the thread policy must be set before anything imports torch)
+from modnets import threads
+
+threads.apply()  # before torch loads: the CPU thread policy (modnets.threads)
+
 from modnets import graphs, profiles, utils
 from modnets.baselines import PerceiverIO, ViT, build_model
 from modnets.data import data_root

@@ -11,23 +11,31 @@ seconds, ``cpu`` fits ~10 minutes on two cores, ``gpu`` uses the papers' sizes.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
+from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from modnets.baselines import PerceiverIO, ViT
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.nn.loc import LOC
+from modnets.nn.modattn import FUSED_MIN_TOKENS, ModAttn
 from modnets.nn.modulated import ModFC, ModLin
 from modnets.nn.read_in import ReadIn
 from modnets.profiles import get_profile, select
+from modnets.threads import GOMP_SPINCOUNT
 
 __all__ = [
     "BenchConfig",
@@ -37,6 +45,11 @@ __all__ = [
     "fit_exponent",
     "bench_modulated",
     "bench_ni_vectorised",
+    "bench_modattn_tokens",
+    "bench_ni_fused",
+    "bench_ni_vs_transformer",
+    "set_fused",
+    "bench_thread_policy",
     "bench_nac_vs_pio",
     "bench_read_in_memory",
     "bench_token_scaling",
@@ -50,10 +63,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BenchConfig:
-    repeats: int = 5
+    repeats: int = 5  # at least this many timed blocks (see median_time)
     warmup: int = 2
+    min_run_time: float = 0.3  # seconds of timing per measurement (torch.utils.benchmark)
     batch: int = 16
-    # 2. NI vectorised vs loop
+    experiments: str = "cpu"  # the profile whose experiment configurations are benchmarked
+    # 2. NI vectorised vs loop; fused ModAttn
+    modattn_tokens: tuple[int, ...] = (9, 18, 32, 64, 128, 256)
+    modattn_rows: int = 5760  # B * U * T, the same at every T (the cpu digits step's)
     ni_functions: tuple[int, ...] = (1, 2, 4, 8, 16)
     ni_dim: int = 96
     ni_tokens: int = 65
@@ -71,6 +88,8 @@ class BenchConfig:
     drop_batch: int = 16
     # 6. FLOP utilisation
     matmul_size: int = 1024
+    # 2e. thread policy: GOMP_SPINCOUNT values timed besides the policy's (300000: libgomp's)
+    spin_counts: tuple[str, ...] = ("300000", "10000", "2000", "1000", "300", "0")
     # 7. many modules
     many_modules: int = 1024
     many_batch: int = 8
@@ -84,37 +103,37 @@ MID = dict(dim=192, num_layers=4, num_processors=160, num_readouts=16, num_heads
            ffn_hidden=768, sig_dim=32, code_dim=192)  # fmt: skip
 
 CONFIGS = {
-    "smoke": BenchConfig(repeats=1, warmup=1, batch=2, ni_functions=(1, 2, 4), ni_dim=16,
-                         ni_tokens=9, nac=SMALL, readin_units=16, readin_tokens=8, readin_dim=16,
+    "smoke": BenchConfig(repeats=1, warmup=1, min_run_time=0.0, experiments="smoke",
+                         modattn_tokens=(9, 32), modattn_rows=576, spin_counts=("300000",), batch=2,
+                         ni_functions=(1, 2, 4), ni_dim=16, ni_tokens=9, nac=SMALL, readin_units=16, readin_tokens=8, readin_dim=16,
                          readin_batch=2, tokens=(16, 32, 64), scaling_dim=16, drop_batch=2,
                          matmul_size=128, many_modules=64, many_batch=2),
     "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096)),
-    "gpu": BenchConfig(repeats=20, warmup=5, batch=64, nac=TABLE4, readin_batch=64,
-                       drop_batch=64, matmul_size=8192, many_batch=8),
+    "gpu": BenchConfig(repeats=20, warmup=5, min_run_time=1.0, experiments="gpu", batch=64,
+                       nac=TABLE4, readin_batch=64, drop_batch=64, matmul_size=8192, many_batch=8),
 }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- measuring
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 2,
-                device: torch.device | str = "cpu") -> float:  # fmt: skip
-    """Median wall time of ``fn()`` in seconds after ``warmup`` calls."""
-    device = torch.device(device)
+                device: torch.device | str = "cpu", min_run_time: float = 0.2) -> float:  # fmt: skip
+    """Median time of one call of ``fn()`` in seconds, measured by ``torch.utils.benchmark``.
+
+    After ``warmup`` calls, :meth:`~torch.utils.benchmark.Timer.blocked_autorange` times blocks
+    of calls (block size chosen so that the timer's own overhead does not count) for at least
+    ``min_run_time`` seconds, and at least ``repeats`` blocks; the median is over blocks. The
+    timer runs at torch's current thread count and synchronises CUDA. ``device`` is accepted
+    for the callers' sake: the synchronisation does not need it."""
+    del device
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = timer.blocked_autorange(min_run_time=min_run_time)
+    times = list(m.times)
+    while len(times) < repeats:
+        times.extend(timer.timeit(m.number_per_run).times)
     return statistics.median(times)
 
 
@@ -171,30 +190,52 @@ def _result(name: str, rows: list[dict], ratio: float | None, target: str, met: 
 # ----------------------------------------------------------------------------- 1. modulated layers
 
 
+def _modulated_shapes(cfg: BenchConfig) -> list[tuple[str, str, tuple, tuple, int, int]]:
+    """``(label, layer, x shape, code shape, d_out, d_code)``: a generic NI stream and NAC module
+    layout, then every ModLin / ModFC shape the experiments at ``cfg.experiments`` train."""
+    from modnets.experiments import tiny_imagenet
+
+    B, d = cfg.batch, cfg.ni_dim
+    shapes = [("NI streams (generic)", "ModLin", (B, 5, cfg.ni_tokens, d), (5, 1, d), d, d),
+              ("NAC modules (generic)", "ModFC", (B, 64, d), (64, d), d, d),
+              ("NAC wide (generic)", "ModFC", (B, 64, 4 * d), (64, 4 * d), 4 * d, 4 * d)]  # fmt: skip
+    for name, (c, batch, _) in _experiment_ni(cfg).items():
+        x, code = (batch, c.num_functions, _tokens(c)), (c.num_functions, 1, c.code_dim)
+        shapes.append((f"NI {name}: attention", "ModLin", (*x, c.dim), code, c.dim, c.code_dim))
+        if c.mlp_hidden != c.dim:
+            shapes.append((f"NI {name}: MLP in", "ModLin", (*x, c.dim), code, c.mlp_hidden,
+                           c.code_dim))  # fmt: skip
+    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
+    n = t.nac_config("scale_free")
+    lead = (t.nac_train.batch_size, n.num_processors)
+    code = (n.num_processors, n.code_dim)
+    shapes.append(
+        ("NAC Tiny-ImageNet: attention", "ModFC", (*lead, n.dim), code, n.dim, n.code_dim)
+    )
+    shapes.append(("NAC Tiny-ImageNet: FFN in", "ModFC", (*lead, n.dim), code, n.ffn_hidden,
+                   n.code_dim))  # fmt: skip
+    return shapes
+
+
 def bench_modulated(cfg: BenchConfig, device) -> dict:
-    """ModLin / ModFC vs ``nn.Linear``, forward + backward (target: overhead <= 1.3x)."""
-    B = cfg.batch
-    shapes = [("NI streams (B,U,T,d)", (B, 5, cfg.ni_tokens, cfg.ni_dim), (5, 1)),
-              ("NAC modules (B,U,d)", (B, 64, cfg.ni_dim), (64,)),
-              ("NAC wide (B,U,d)", (B, 64, 4 * cfg.ni_dim), (64,))]  # fmt: skip
+    """ModLin / ModFC vs ``nn.Linear`` of the same shape, forward + backward (target: overhead
+    <= 1.3x on every shape, the experiments' included)."""
     rows, worst = [], 0.0
-    for label, shape, code_lead in shapes:
+    for label, kind, shape, code_shape, d_out, d_code in _modulated_shapes(cfg):
         d = shape[-1]
         x = torch.randn(*shape, device=device, requires_grad=True)
-        codes = torch.randn(*code_lead, d, device=device)
-        layers = {"nn.Linear": nn.Linear(d, d), "ModLin": ModLin(d, d, d), "ModFC": ModFC(d, d, d)}
+        codes = torch.randn(*code_shape, device=device)
+        layer = (ModLin if kind == "ModLin" else ModFC)(d, d_out, d_code).to(device)
+        linear = nn.Linear(d, d_out).to(device)
         times = {}
-        for name, layer in layers.items():
-            layer.to(device)
-            call = (lambda layer=layer: layer(x)) if name == "nn.Linear" else (
-                lambda layer=layer: layer(x, codes))  # fmt: skip
+        for name, call in (("nn.Linear", lambda: linear(x)), (kind, lambda: layer(x, codes))):
             times[name] = median_time(lambda call=call: call().square().mean().backward(),
-                                      cfg.repeats, cfg.warmup, device)  # fmt: skip
-        for name, t in times.items():
-            ratio = t / times["nn.Linear"]
-            if name != "nn.Linear":
-                worst = max(worst, ratio)
-            rows.append({"shape": label, "layer": name, "ms": 1e3 * t, "vs_linear": ratio})
+                                      cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+        ratio = times[kind] / times["nn.Linear"]
+        worst = max(worst, ratio)
+        rows.append({"shape": label, "layer": kind, "x": "x".join(map(str, shape)),
+                     "d_out": d_out, "linear_ms": 1e3 * times["nn.Linear"],
+                     "modulated_ms": 1e3 * times[kind], "vs_linear": ratio})  # fmt: skip
     return _result("ModLin/ModFC vs nn.Linear (fwd+bwd)", rows, worst, "<= 1.3x", worst <= 1.3)
 
 
@@ -212,24 +253,221 @@ def _loc_loop(loc: LOC, x, codes, compat):
 
 
 def bench_ni_vectorised(cfg: BenchConfig, device) -> dict:
-    """NI's LOC over all function streams at once vs a per-function loop; time vs ``U``."""
+    """NI's LOC over all function streams at once vs a per-function loop, forward + backward;
+    time vs ``U`` (target: the vectorised LOC at least as fast at every ``U``)."""
     d, T, B = cfg.ni_dim, cfg.ni_tokens, cfg.batch
     loc = LOC(d, d, num_heads=4 if d % 4 == 0 else 1).to(device)
     rows = []
     for U in cfg.ni_functions:
-        x = torch.randn(B, U, T, d, device=device)
+        x = torch.randn(B, U, T, d, device=device, requires_grad=True)
         codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
-        with torch.inference_mode():
-            vec = median_time(lambda: loc(x, codes, compat), cfg.repeats, cfg.warmup, device)
-            loop = median_time(lambda: _loc_loop(loc, x, codes, compat), cfg.repeats, cfg.warmup,
-                               device)  # fmt: skip
-        rows.append({"functions": U, "vectorised_ms": 1e3 * vec, "loop_ms": 1e3 * loop,
-                     "speedup": loop / vec})  # fmt: skip
+        times = {}
+        for name, f in (("vectorised", loc), ("loop", partial(_loc_loop, loc))):
+            times[name] = median_time(lambda f=f: f(x, codes, compat).square().mean().backward(),
+                                      cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+        rows.append({"functions": U, "vectorised_ms": 1e3 * times["vectorised"],
+                     "loop_ms": 1e3 * times["loop"],
+                     "speedup": times["loop"] / times["vectorised"]})  # fmt: skip
     slope = fit_exponent([r["functions"] for r in rows], [r["vectorised_ms"] for r in rows])
-    speedup = rows[-1]["speedup"]
-    return _result("NI: vectorised function streams vs loop", rows, speedup,
-                   "vectorised faster than the loop; time ~ U^1", speedup >= 1.0,
-                   f"time ~ U^{slope:.2f} (fitted)")  # fmt: skip
+    worst = min(r["speedup"] for r in rows)
+    return _result("NI: vectorised function streams vs loop (fwd+bwd)", rows, worst,
+                   ">= 1.0x at every U", worst >= 1.0, f"time ~ U^{slope:.2f} (fitted)")  # fmt: skip
+
+
+def _experiment_ni(cfg: BenchConfig) -> dict[str, tuple[NIConfig, int, Callable]]:
+    """The NI configurations of the experiments at ``cfg.experiments``: ``name -> (config, batch,
+    make_input(batch, device))``."""
+    from modnets.experiments import digits, fuzzy_boolean
+
+    d = select(digits.CONFIGS, cfg.experiments).train
+    f = select(fuzzy_boolean.CONFIGS, cfg.experiments).train
+    d_cfg, f_cfg = d.ni_config(), f.model_config()
+
+    def image(b: int, dev, c: NIConfig = d_cfg) -> Tensor:
+        return torch.randn(b, c.in_channels, c.image_size, c.image_size, device=dev)
+
+    def vector(b: int, dev, c: NIConfig = f_cfg) -> Tensor:
+        return torch.randn(b, c.num_elements, c.element_features, device=dev)
+
+    return {"digits": (d_cfg, d.ni_train.batch_size, image),
+            "fuzzy": (f_cfg, f.pretrain.batch_size, vector)}  # fmt: skip
+
+
+def _tokens(c: NIConfig) -> int:
+    n = (c.image_size // c.patch_size) ** 2 if c.input_kind == "image" else c.num_elements
+    return n + c.num_cls
+
+
+def set_fused(model: nn.Module, fused: bool | None) -> nn.Module:
+    """Set ``fused`` on every :class:`~modnets.nn.modattn.ModAttn` of ``model``."""
+    for m in model.modules():
+        if isinstance(m, ModAttn):
+            m.fused = fused
+    return model
+
+
+def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
+    """ModAttn forward + backward, fused (``F.scaled_dot_product_attention``) vs NI eq. 7 with its
+    ``(B, U, H, T, T)`` weights in memory, as ``T`` grows at a fixed ``B U T`` (d 64, 4 heads,
+    U = 5): where the fused kernel starts to win sets ``FUSED_MIN_TOKENS``."""
+    U, d = 5, 64 if cfg.experiments != "smoke" else 16
+    attn = ModAttn(d, d, num_heads=4).to(device)
+    rows = []
+    for T in cfg.modattn_tokens:
+        B = max(1, cfg.modattn_rows // (U * T))
+        x = torch.randn(B, U, T, d, device=device, requires_grad=True)
+        codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
+        times = {}
+        for attn.fused in (False, True):
+            times[attn.fused] = median_time(lambda: attn(x, codes, compat).square().mean().backward(),
+                                            cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+        rows.append({"tokens": T, "batch": B, "reference_ms": 1e3 * times[False],
+                     "fused_ms": 1e3 * times[True], "speedup": times[False] / times[True]})  # fmt: skip
+    attn.fused = None
+    auto = 1 if device.type == "cuda" else FUSED_MIN_TOKENS
+    for r in rows:  # what fused=None costs against the faster of the two
+        chosen = r["fused_ms"] if r["tokens"] >= auto else r["reference_ms"]
+        r["auto_vs_best"] = chosen / min(r["fused_ms"], r["reference_ms"])
+    wins = [r["tokens"] for r in rows if r["speedup"] >= 1.0]
+    worst = max(r["auto_vs_best"] for r in rows)
+    return _result("ModAttn fused vs eq. 7 reference (fwd+bwd)", rows, worst,
+                   f"fused=None (fused from {auto} tokens) within 1.1x of the faster path",
+                   worst <= 1.1, f"fused faster from T = {min(wins) if wins else '-'} on here")  # fmt: skip
+
+
+def bench_ni_fused(cfg: BenchConfig, device) -> dict:
+    """An NI training step at the experiments' configurations: fused ModAttn vs the eq. 7
+    reference path (target >= 1.3x at the digits configuration), and the digits configuration
+    with 4x4 patches (the paper's; 4x the tokens)."""
+    rows = []
+    configs = _experiment_ni(cfg)
+    d_cfg, d_batch, d_input = configs["digits"]
+    configs["digits, 4x4 patches"] = (d_cfg.replace(patch_size=4), d_batch, d_input)
+    for name, (c, batch, make_input) in configs.items():
+        torch.manual_seed(0)
+        model = NeuralInterpreter(c).to(device)
+        step = _train_step(model, make_input(batch, device))
+        times = {}
+        for fused in (False, True):
+            set_fused(model, fused)
+            times[fused] = median_time(step, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+        rows.append({"config": name, "tokens": _tokens(c), "batch": batch,
+                     "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
+                     "speedup": times[False] / times[True]})  # fmt: skip
+    ratio = rows[0]["speedup"]
+    return _result("NI training step: fused ModAttn vs eq. 7 reference", rows, ratio,
+                   ">= 1.3x at the digits configuration", ratio >= 1.3)  # fmt: skip
+
+
+class _PreLNTransformer(nn.Module):
+    """A plain pre-LN transformer encoder: what an NI's function streams cost without the
+    modulation, the type matching and the pooling."""
+
+    def __init__(self, c: NIConfig, layers: int):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(c.dim, c.num_heads, c.mlp_hidden, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=True)  # fmt: skip
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.encoder(x)
+
+
+def bench_ni_vs_transformer(cfg: BenchConfig, device) -> dict:
+    """An NI training step vs a plain pre-LN transformer doing the same attention and MLP work:
+    batch ``B U`` (one sequence per function stream), the same ``T`` tokens, width, heads and MLP
+    width, ``iterations x LOCs`` layers (target <= 1.25x at the experiments' configurations)."""
+    rows = []
+    for name, (c, batch, make_input) in _experiment_ni(cfg).items():
+        torch.manual_seed(0)
+        ni = NeuralInterpreter(c).to(device)
+        layers = c.num_iterations * c.num_locs * c.num_scripts
+        tf = _PreLNTransformer(c, layers).to(device)
+        streams = torch.randn(batch * c.num_functions, _tokens(c), c.dim, device=device)
+        t_ni = median_time(_train_step(ni, make_input(batch, device)), cfg.repeats, cfg.warmup,
+                           device, cfg.min_run_time)  # fmt: skip
+        t_tf = median_time(_train_step(tf, streams), cfg.repeats, cfg.warmup, device,
+                           cfg.min_run_time)  # fmt: skip
+        rows.append({"config": name, "batch_x_functions": batch * c.num_functions,
+                     "tokens": _tokens(c), "layers": layers, "ni_ms": 1e3 * t_ni,
+                     "transformer_ms": 1e3 * t_tf, "ratio": t_ni / t_tf})  # fmt: skip
+    worst = max(r["ratio"] for r in rows)
+    return _result(
+        "NI vs its equivalent transformer (training step)", rows, worst, "<= 1.25x", worst <= 1.25
+    )
+
+
+# ----------------------------------------------------------------------------- 2e. threads
+
+
+def _experiment_steps(cfg: BenchConfig) -> dict[str, Callable[[], None]]:
+    """One training step of each experiment's main model at ``cfg.experiments`` (CPU)."""
+    from modnets.experiments import tiny_imagenet
+
+    steps = {}
+    for name, (c, batch, make_input) in _experiment_ni(cfg).items():
+        torch.manual_seed(0)
+        steps[f"NI {name}"] = _train_step(NeuralInterpreter(c), make_input(batch, "cpu"))
+    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
+    torch.manual_seed(0)
+    nac = tiny_imagenet.build_model("nac", t)
+    steps["NAC Tiny-ImageNet"] = _train_step(nac, torch.randn(t.nac_train.batch_size, 3, 64, 64))
+    return steps
+
+
+def _thread_child(experiments: str, min_run_time: float) -> list[dict]:
+    """Run in a fresh process (its libgomp reads ``GOMP_SPINCOUNT`` when torch loads): every
+    experiment step at 1 and 2 threads, on a quiet machine and while a second process spins."""
+    cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
+    rows = []
+    for name, step in _experiment_steps(cfg).items():
+        row = {"config": name}
+        for busy in (False, True):
+            spinner = None
+            if busy:
+                spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(0.2)
+            try:
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    key = f"{'busy' if busy else 'quiet'}_{threads}t_ms"
+                    row[key] = 1e3 * median_time(step, 3, 1, min_run_time=min_run_time)
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+        rows.append(row)
+    return rows
+
+
+def bench_thread_policy(cfg: BenchConfig, device) -> dict:
+    """The CPU thread policy (:mod:`modnets.threads`): each experiment's training step at 1 and
+    2 threads, quiet and while a second process keeps one core busy, under each of
+    ``cfg.spin_counts`` and the policy's ``GOMP_SPINCOUNT``, each in a fresh process. Target: with
+    the policy and 2 threads, a busy neighbour slows a step at most 2.5x."""
+    if device.type != "cpu" or (os.cpu_count() or 1) < 2:
+        return _result("CPU thread policy", [], None, "<= 2.5x slower with one core busy", None,
+                       "needs a CPU with two cores or more")  # fmt: skip
+    rows = []
+    for spin in dict.fromkeys((*cfg.spin_counts, GOMP_SPINCOUNT)):
+        env = {**os.environ, "GOMP_SPINCOUNT": spin}
+        code = ("import json, sys; from modnets.benchmarks import _thread_child; "
+                f"print(json.dumps(_thread_child({cfg.experiments!r}, {cfg.min_run_time!r})))")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        for row in json.loads(out.strip().splitlines()[-1]):
+            row = {"spin": spin, **row}
+            row["best_quiet_threads"] = 1 if row["quiet_1t_ms"] < row["quiet_2t_ms"] else 2
+            row["busy_slowdown_2t"] = row["busy_2t_ms"] / row["quiet_2t_ms"]
+            rows.append(row)
+    policy = [r for r in rows if r["spin"] == GOMP_SPINCOUNT]
+    default = [r for r in rows if r["spin"] == "300000"] or policy
+    worst = max(r["busy_slowdown_2t"] for r in policy)
+    cost = max(r["quiet_2t_ms"] / d["quiet_2t_ms"] for r, d in zip(policy, default, strict=True))
+    return _result("CPU thread policy: a busy neighbour (2 threads)", rows, worst,
+                   "<= 2.5x slower with one core busy", worst <= 2.5,
+                   f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}: quiet steps at most {cost:.2f}x the default "
+                   "spinning's")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- 3. NAC vs PIO
@@ -248,8 +486,8 @@ def bench_nac_vs_pio(cfg: BenchConfig, device) -> dict:
     c = _nac_config(cfg)
     x = torch.randn(cfg.batch, 64, c.input_dim, device=device)
     nac, pio = NeuralAttentiveCircuit(c).to(device), PerceiverIO(c).to(device)
-    t_nac = median_time(_train_step(nac, x), cfg.repeats, cfg.warmup, device)
-    t_pio = median_time(_train_step(pio, x), cfg.repeats, cfg.warmup, device)
+    t_nac = median_time(_train_step(nac, x), cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+    t_pio = median_time(_train_step(pio, x), cfg.repeats, cfg.warmup, device, cfg.min_run_time)
     rows = [{"model": "NAC", "ms": 1e3 * t_nac, "parameters": sum(p.numel() for p in nac.parameters())},
             {"model": "Perceiver IO", "ms": 1e3 * t_pio,
              "parameters": sum(p.numel() for p in pio.parameters())}]  # fmt: skip
@@ -270,7 +508,8 @@ def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
     naive = lambda: r.naive_attend(x, q, codes).square().mean()  # noqa: E731
     rows = []
     for name, fn in (("factorised", fact), ("naive", naive)):
-        t = median_time(lambda fn=fn: fn().backward(), max(1, cfg.repeats // 2), 1, device)
+        t = median_time(lambda fn=fn: fn().backward(), max(1, cfg.repeats // 2), 1, device,
+                        cfg.min_run_time)  # fmt: skip
         rows.append({"read-in": name, "ms": 1e3 * t, "saved_MiB": saved_bytes(fn) / 2**20})
     ratio = rows[1]["saved_MiB"] / rows[0]["saved_MiB"]
     return _result(f"read-in attention memory (U={U}, N={N}, d={d}, batch {B})", rows, ratio,
@@ -297,10 +536,10 @@ def _scaling_models(cfg: BenchConfig, n_tokens: int, device):
     }
 
 
-def _adaptive_time(fn, repeats: int, device) -> float:
+def _adaptive_time(fn, repeats: int, device, min_run_time: float) -> float:
     """Median of ``repeats`` timings, or a single one when a call takes over a second."""
-    t = median_time(fn, 1, 1, device)
-    return t if t > 1.0 else median_time(fn, repeats, 0, device)
+    t = median_time(fn, 1, 1, device, min_run_time=0.0)
+    return t if t > 1.0 else median_time(fn, repeats, 0, device, min_run_time)
 
 
 def bench_token_scaling(cfg: BenchConfig, device) -> dict:
@@ -319,7 +558,7 @@ def bench_token_scaling(cfg: BenchConfig, device) -> dict:
             model.eval()
             with torch.inference_mode():
                 times.setdefault(name, {})[n] = _adaptive_time(
-                    lambda m=model: m(x), cfg.repeats, device
+                    lambda m=model: m(x), cfg.repeats, device, cfg.min_run_time
                 )
     rows = [{"tokens": n, **{f"{k}_ms": 1e3 * v[n] for k, v in times.items() if n in v}}
             for n in linear_tokens]  # fmt: skip
@@ -346,7 +585,7 @@ def bench_dropping(cfg: BenchConfig, device) -> dict:
     for f in cfg.drop_fractions:
         small = model.drop_modules(min(c.num_processors - 1, round(f * c.num_processors)))
         with torch.inference_mode():
-            t = median_time(lambda small=small: small(x), cfg.repeats, 1, device)
+            t = median_time(lambda small=small: small(x), cfg.repeats, 1, device, cfg.min_run_time)
         rows.append({"dropped": f, "modules": small.config.num_processors,
                      "samples_per_s": cfg.drop_batch / t})  # fmt: skip
     base = rows[0]["samples_per_s"]
@@ -365,7 +604,7 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
     (target >= 50 %)."""
     n = cfg.matmul_size
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    t_mm = median_time(lambda: a @ b, cfg.repeats, cfg.warmup, device)
+    t_mm = median_time(lambda: a @ b, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
     peak = 2 * n**3 / t_mm / 1e9
     c = _nac_config(cfg)
     nac = NeuralAttentiveCircuit(c).to(device)
@@ -379,7 +618,7 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
     for name, model, x in (("NAC training step", nac, x_nac), ("NI training step", ni, x_ni)):
         step = _train_step(model, x)
         flops = _count_flops(step)
-        t = median_time(step, cfg.repeats, cfg.warmup, device)
+        t = median_time(step, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
         rate = flops / t / 1e9
         rows.append({"what": name, "gflop_per_s": rate, "utilisation": rate / peak,
                      "gflop": flops / 1e9})  # fmt: skip
@@ -398,7 +637,7 @@ def bench_many_modules(cfg: BenchConfig, device) -> dict:
     step = _train_step(model, x)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t = median_time(step, max(1, cfg.repeats // 2), 1, device)
+    t = median_time(step, max(1, cfg.repeats // 2), 1, device, min_run_time=0.0)
     act = saved_bytes(lambda: model(x))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     row = {"modules": cfg.many_modules, "batch": cfg.many_batch, "fwd_bwd_s": t,
@@ -411,6 +650,10 @@ def bench_many_modules(cfg: BenchConfig, device) -> dict:
 BENCHMARKS = {
     "modulated": bench_modulated,
     "ni_vectorised": bench_ni_vectorised,
+    "modattn_tokens": bench_modattn_tokens,
+    "ni_fused": bench_ni_fused,
+    "ni_vs_transformer": bench_ni_vs_transformer,
+    "thread_policy": bench_thread_policy,
     "nac_vs_pio": bench_nac_vs_pio,
     "read_in_memory": bench_read_in_memory,
     "token_scaling": bench_token_scaling,

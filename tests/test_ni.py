@@ -110,12 +110,111 @@ def modattn_loop_reference(attn, x, codes, compat):
     return out
 
 
-def test_modattn_vectorised_equals_loop():
-    attn = modnets.ModAttn(16, 8, num_heads=4)
+@pytest.mark.parametrize("fused", [False, True])
+def test_modattn_vectorised_equals_loop(fused):
+    attn = modnets.ModAttn(16, 8, num_heads=4, fused=fused)
     x, codes, compat = streams()
     torch.testing.assert_close(
         attn(x, codes, compat), modattn_loop_reference(attn, x, codes, compat)
     )
+
+
+def _zeroed_streams(dtype=torch.float64, B=2, U=3, T=6, d=8, tiny=True):
+    """Streams whose compatibilities have exact zeros (truncation), tiny values (where eps
+    matters) and a function that may read nothing."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, U, T, d, generator=g, dtype=dtype)
+    compat = torch.rand(B, U, T, generator=g, dtype=dtype)
+    compat[compat < 0.3] = 0.0
+    if tiny:  # C_i D_i comparable with eps, where the renormalisation is not 1
+        compat[0, 0, :2] = 1e-7
+        compat[-1, -1] = 0.0  # the last function reads nothing in the last sample
+    return x, torch.randn(U, 4, generator=g, dtype=dtype), compat
+
+
+def test_modattn_fused_equals_eq7_reference_eps_included():
+    # The fused path computes C_i N_i / (eps + C_i D_i): eq. 7 exactly, eps included, so the two
+    # agree to rounding (float64: 1e-12) even where C_i is tiny and eps shapes the row.
+    attn = modnets.ModAttn(8, 4, num_heads=2).double()
+    x, codes, compat = _zeroed_streams()
+    attn.fused = True
+    fused = attn(x, codes, compat)
+    attn.fused = False
+    reference = attn(x, codes, compat)
+    torch.testing.assert_close(fused, reference, atol=1e-12, rtol=1e-10)
+    # where eps matters, the output is visibly not the eps -> 0 limit
+    row_sum = attn.attention_weights(x, codes, compat)[0, 0, :, 0].sum(-1)
+    assert (row_sum < 0.99).all()
+    # float32 agrees to 1e-5
+    attn32 = modnets.ModAttn(8, 4, num_heads=2)
+    x32, codes32, compat32 = (t.float() for t in _zeroed_streams())
+    ys = []
+    for attn32.fused in (True, False):
+        ys.append(attn32(x32, codes32, compat32))
+    torch.testing.assert_close(ys[0], ys[1], atol=1e-5, rtol=1e-5)
+
+
+def test_modattn_fused_gradcheck_with_exact_zeros():
+    # Eq. 7's output C_i N_i / (eps + C_i D_i) changes by O(1) within |C_i| ~ eps of an exact
+    # zero, so finite differences (step 1e-6) cannot be taken *at* a zero: the zeros stay exact
+    # and fixed, and gradcheck perturbs x, the codes and the non-zero compatibilities (the test
+    # below checks the gradients at the zeros against the reference: finite and equal).
+    attn = modnets.ModAttn(8, 4, num_heads=2, fused=True).double()
+    x, codes, compat = _zeroed_streams(B=1, U=2, T=4, tiny=False)
+    live = compat > 0
+    assert not live.all()
+
+    def f(x, codes, values):
+        return attn(x, codes, torch.zeros_like(compat).masked_scatter(live, values))
+
+    inputs = (x.requires_grad_(), codes.requires_grad_(), compat[live].requires_grad_())
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_modattn_fused_gradients_equal_reference_and_are_finite():
+    attn = modnets.ModAttn(8, 4, num_heads=2).double()
+    grads = []
+    for attn.fused in (True, False):
+        x, codes, compat = (t.requires_grad_() for t in _zeroed_streams())
+        attn.zero_grad()
+        attn(x, codes, compat).square().sum().backward()
+        grads.append([x.grad, codes.grad, compat.grad] + [p.grad for p in attn.parameters()])
+    for fused, reference in zip(*grads, strict=True):
+        assert torch.isfinite(fused).all()
+        torch.testing.assert_close(fused, reference, atol=1e-9, rtol=1e-7)
+
+
+def _largest_saved(attn, x, codes, compat) -> int:
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attn(x, codes, compat)
+    return max(sizes)
+
+
+@pytest.mark.parametrize("T", [6, 70])
+def test_modattn_fused_saves_no_attention_weights(T):
+    B, U, H = 2, 3, 2
+    attn = modnets.ModAttn(8, 4, num_heads=H)
+    x = torch.randn(B, U, T, 8, requires_grad=True)
+    codes, compat = torch.randn(U, 4), torch.rand(B, U, T)
+    weights = B * U * H * T * T
+    attn.fused = True
+    assert _largest_saved(attn, x, codes, compat) < weights
+    attn.fused = False  # the reference keeps them: the check can fail
+    assert _largest_saved(attn, x, codes, compat) >= weights
+    attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
+    fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
+    assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
+
+
+def test_modattn_rejects_bad_fused():
+    with pytest.raises(TypeError, match="fused"):
+        modnets.ModAttn(8, 4, num_heads=2, fused="yes")
 
 
 def test_modattn_rows_sum_to_one_or_zero_and_renormalise_not_resoftmax():

@@ -9,6 +9,23 @@ compatibilities of both tokens and renormalised over keys (eq. 7)::
 
 The renormalisation is a division, not a second softmax (a failed public reproduction used a
 softmax here). A query token with ``C_ui = 0`` gets an all-zero row: the function does not touch it.
+
+The forward pass never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = softmax_j(A_ij)``,
+``sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)`` where ``N_i = sum_j s_ij C_j v_j`` and
+``D_i = sum_j s_ij C_j``: one ``F.scaled_dot_product_attention`` over values ``[C_j v_j, C_j]``
+gives both (queries and keys padded with a zero channel, so all three share a head width and the
+fused CPU / GPU kernels apply). That is eq. 7 exactly, ``eps`` included, with no ``log C``: exact
+zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable eq. 7,
+and ``fused=False`` runs the forward pass through it.
+
+Which is faster depends on the number of tokens ``T``. On CUDA the fused kernels win. On a CPU
+(two cores, torch 2.13, d 64, 4 heads, a fixed B U T), a ModAttn forward + backward through the
+fused kernel is 1.7x *slower* at ``T = 18`` (chapter 6's 8x8 patches: the weights are then no
+larger than the queries, and the kernel's per-head overhead dominates) and 2.4-3.8x faster at
+``T = 256``; where the two cross moved between 32 and 128 tokens from one run to the next (with
+the thread policy of :mod:`modnets.threads`: about 64). ``fused=None`` (the default) therefore
+picks the fused kernel on CUDA and, on a CPU, from :data:`FUSED_MIN_TOKENS` tokens on
+(``python -m bench --only modattn_tokens`` measures the choice).
 """
 
 from __future__ import annotations
@@ -16,11 +33,15 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.nn.modulated import ModLin
 
-__all__ = ["ModAttn", "check_streams"]
+__all__ = ["FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
+
+#: On a CPU, ``fused=None`` uses the fused kernel from this many tokens on (measured; see above).
+FUSED_MIN_TOKENS = 64
 
 
 def check_streams(x: Tensor, codes: Tensor, compat: Tensor, dim: int, code_dim: int) -> None:
@@ -51,19 +72,31 @@ class ModAttn(nn.Module):
         code_dim: ``d_code``.
         num_heads: ``H``; must divide ``dim``.
         eps: ``epsilon`` of the renormalisation (eq. 7).
+        fused: ``True``: the forward pass through ``F.scaled_dot_product_attention``;
+            ``False``: through :meth:`attention_weights` (the readable eq. 7, ``(B, U, H, T, T)``
+            in memory); ``None`` (default): whichever is faster here (see the module's docstring).
 
     Shapes:
         x ``(B, U, T, d)`` (token ``i`` as seen by function ``u``), codes ``(U, d_code)``,
         compat ``(B, U, T)``  ->  ``(B, U, T, d)``.
     """
 
-    def __init__(self, dim: int, code_dim: int, num_heads: int = 4, eps: float = 1e-6):
+    def __init__(
+        self,
+        dim: int,
+        code_dim: int,
+        num_heads: int = 4,
+        eps: float = 1e-6,
+        fused: bool | None = None,
+    ):
         super().__init__()
         if num_heads <= 0 or dim % num_heads:
             raise ValueError(f"num_heads must be positive and divide dim={dim}, got {num_heads}")
         self.dim, self.code_dim, self.num_heads = dim, code_dim, num_heads
         self.head_dim = dim // num_heads
-        self.eps = eps
+        if fused not in (True, False, None):
+            raise TypeError(f"fused must be True, False or None, got {fused!r}")
+        self.eps, self.fused = eps, fused
         self.query = ModLin(dim, dim, code_dim)
         self.key = ModLin(dim, dim, code_dim)
         self.value = ModLin(dim, dim, code_dim)
@@ -86,7 +119,27 @@ class ModAttn(nn.Module):
 
     def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
         check_streams(x, codes, compat, self.dim, self.code_dim)
-        w = self.attention_weights(x, codes, compat)
-        v = self._heads(self.value(x, codes[:, None, :]))
-        mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads folded into channels
-        return self.out(mixed, codes[:, None, :])
+        c = codes[:, None, :]
+        fused = self.fused
+        if fused is None:
+            fused = x.device.type == "cuda" or x.shape[2] >= FUSED_MIN_TOKENS
+        if not fused:
+            w = self.attention_weights(x, codes, compat)
+            v = self._heads(self.value(x, c))
+            mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads into channels
+            return self.out(mixed, c)
+        B, U, T, _ = x.shape
+        H, dh = self.num_heads, self.head_dim
+        q, k, v = (self._heads(proj(x, c)) for proj in (self.query, self.key, self.value))
+        C = compat.expand(B, U, T)[..., None, None].to(v.dtype)  # (B, U, T, 1, 1)
+        zero = v.new_zeros(B, U, T, H, 1)  # a zero channel: q . k unchanged, one head width
+        q, k = torch.cat([q, zero], -1), torch.cat([k, zero], -1)
+        v = torch.cat([C * v, C.expand(B, U, T, H, 1)], -1)
+        # (B, U, T, H, dh + 1) -> (B U, H, T, dh + 1): one attention per function stream and head
+        q, k, v = (t.view(B * U, T, H, dh + 1).transpose(1, 2) for t in (q, k, v))
+        # NI eq. 7: [N_i, D_i] = sum_j softmax_j(q_i . k_j / sqrt(d_key)) [C_j v_j, C_j]
+        nd = F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(dh))
+        nd = nd.transpose(1, 2).reshape(B, U, T, H, dh + 1)
+        # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)
+        mixed = C * nd[..., :dh] / (self.eps + C * nd[..., dh:])
+        return self.out(mixed.flatten(-2), c)
