@@ -1,0 +1,77 @@
+"""Routing diagnostics on hand-made compatibilities, where every number is known."""
+
+import math
+
+import pytest
+import torch
+
+from modnets import diagnostics as dg
+
+
+def compat_from(assign, U=6, iterations=1, batch=2):
+    """``(iterations, batch, U, T)`` with ``C[u, t] = w`` for every ``(u, t, w)`` in ``assign``."""
+    T = 1 + max(t for _, t, _ in assign)
+    C = torch.zeros(iterations, batch, U, T)
+    for u, t, w in assign:
+        C[:, :, u, t] = w
+    return C
+
+
+def test_collapsed_routing_two_functions_for_every_token():
+    C = compat_from([(u, t, 0.5) for t in range(8) for u in (0, 1)])
+    r = dg.routing(C)
+    assert r["functions_per_token"] == [2.0] and r["unmatched"] == [0.0]
+    assert r["share"][0] == pytest.approx([0.5, 0.5, 0, 0, 0, 0])
+    assert r["functions_used"] == [2]
+    assert r["routing_entropy"][0] == pytest.approx(math.log(2) / math.log(6))
+    assert r["regime"] == "collapsed"
+
+
+def test_uniform_routing_every_function_alike():
+    C = compat_from([(u, t, 0.3) for t in range(8) for u in range(6)])
+    r = dg.routing(C)
+    assert r["functions_per_token"] == [6.0] and r["functions_used"] == [6]
+    assert r["routing_entropy"][0] == pytest.approx(1.0)
+    assert r["regime"] == "uniform"
+
+
+def test_modular_routing_one_function_per_token_all_functions_used():
+    C = compat_from([(t % 6, t, 1.0) for t in range(12)])
+    r = dg.routing(C)
+    assert r["functions_per_token"] == [1.0] and r["functions_used"] == [6]
+    assert r["routing_entropy"][0] == pytest.approx(0.0, abs=1e-6)
+    assert r["share"][0] == pytest.approx([1 / 6] * 6)
+    assert r["regime"] == "modular"
+
+
+def test_unmatched_tokens_are_counted_and_left_out_of_the_entropy():
+    C = compat_from([(u, t, 0.3) for t in range(3) for u in range(6)] + [(0, 3, 0.0)])
+    r = dg.routing(C)
+    assert r["unmatched"] == [0.25]
+    assert r["routing_entropy"][0] == pytest.approx(1.0)
+
+
+def test_token_slice_leaves_out_cls_tokens():
+    # token 0 (a CLS token) reaches every function; the variable tokens only functions 0 and 1
+    C = compat_from([(u, 0, 1.0) for u in range(6)] + [(u, t, 0.5) for t in (1, 2) for u in (0, 1)])
+    assert dg.routing(C)["regime"] != "collapsed"
+    assert dg.routing(C, tokens=slice(1, None))["regime"] == "collapsed"
+
+
+def test_regime_holds_only_when_every_iteration_agrees():
+    C = compat_from([(u, t, 0.5) for t in range(6) for u in (0, 1)], iterations=2)
+    C[1] = compat_from([(t % 6, t, 1.0) for t in range(6)])[0]
+    r = dg.routing(C)
+    assert r["functions_used"] == [2, 6] and r["regime"] == "modular"
+
+
+def test_regime_line_names_the_seeds_and_warns():
+    line = dg.regime_line([{"seed": 0, "regime": "collapsed"}, {"seed": 1, "regime": "modular"},
+                           {"seed": 2, "regime": "collapsed"}])  # fmt: skip
+    assert "collapsed (seeds 0, 2)" in line and "modular (seed 1)" in line and "weak" in line
+    assert "weak" not in dg.regime_line([{"seed": 0, "regime": "modular"}])
+
+
+def test_routing_rejects_bad_shape():
+    with pytest.raises(ValueError, match="compat"):
+        dg.routing(torch.zeros(2, 6, 5))
