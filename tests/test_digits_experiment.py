@@ -90,6 +90,34 @@ def test_adaptation_modes_train_the_intended_parameters():
         digits.prepare_adaptation(ni, mode="heads")
 
 
+class _EvalGuarded(dict):
+    """A K-MNIST dict whose evaluation split may not be read."""
+
+    def __getitem__(self, key):
+        if key in ("x_eval", "y_eval"):
+            raise AssertionError(f"the learning-rate selection read {key}")
+        return super().__getitem__(key)
+
+
+def test_learning_rate_selection_never_reads_the_evaluation_split():
+    cfg = digits.DigitsConfig(digits.CONFIGS["smoke"].train, kmnist_pool=120, sample_counts=(20,),
+                              finetune_epochs=1, finetune_lrs=(1e-4, 3e-3), selection_val=40)  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    pool = {"x_pool": torch.randint(0, 256, (120, 3, 32, 32), generator=g, dtype=torch.uint8),
+            "y_pool": torch.arange(120) % 10}  # fmt: skip
+    kmnist = _EvalGuarded(pool, x_eval=pool["x_pool"][:10], y_eval=pool["y_pool"][:10])
+    ni = digits.build_ni(cfg.train)
+    with pytest.raises(AssertionError, match="x_eval"):  # the guard works
+        digits.adapt(ni, kmnist, 20, cfg)
+    lr, scores = digits.select_finetune_lr(ni, kmnist, cfg)
+    assert set(scores) == {1e-4, 3e-3} and lr == max(scores, key=lambda k: (scores[k], -k))
+    split = digits.selection_split(kmnist, cfg)
+    assert len(split["y_eval"]) == 40 and len(split["y_pool"]) == 80  # the pool, cut in two
+    assert torch.equal(split["x_eval"], pool["x_pool"][-40:])
+    no_candidates = digits.DigitsConfig(cfg.train, finetune_lr=7e-4)
+    assert digits.select_finetune_lr(ni, kmnist, no_candidates) == (7e-4, {})
+
+
 def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     cfg = digits.CONFIGS["smoke"]
@@ -105,6 +133,10 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
         assert set(m[kind]["adaptation"]) == {str(n) for n in cfg.sample_counts}
         assert all(len(v) == cfg.adaptation_seeds for v in runs[0]["adaptation"].values())
     assert set(m["ni"]["adaptation_resampled"]) == {str(n) for n in cfg.sample_counts}
+    # each model finetunes at its own rate, one of the candidates
+    assert set(m["ni"]["per_seed"][0]["finetune_lr"]) == {"adaptation", "adaptation_resampled"}
+    assert set(m["vit"]["per_seed"][0]["finetune_lr"]) == {"adaptation"}
+    assert set(m["vit"]["per_seed"][0]["finetune_lr"].values()) <= set(cfg.finetune_lrs)
     assert set(m["ni"]["capacity"]) == {str(u) for u in cfg.capacity_functions}
     assert set(m["ni"]["drop"]) == {"0", "1", "2"}
     assert set(m["ni"]["anytime"]) == {"0", "1", "2", "3", "4"}  # 0 .. 2 n_i

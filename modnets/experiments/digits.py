@@ -153,7 +153,13 @@ class DigitsConfig:
     kmnist_eval: int = 5000  # evaluation on a disjoint part
     sample_counts: tuple[int, ...] = (150, 250, 350, 500)
     finetune_epochs: int = 10
-    finetune_lr: float = 5e-4
+    finetune_lr: float = 5e-4  # used when finetune_lrs is empty
+    # Per-model finetuning learning rate (issue #17): each pretrained model (NI, ViT, re-sampled
+    # NI) finetunes at the candidate that adapts best on a split of the K-MNIST *pool* -- the last
+    # selection_val pool images score, samples are drawn from the rest -- never on the evaluation
+    # set. Chosen once per pretraining seed at the smallest sample count.
+    finetune_lrs: tuple[float, ...] = ()
+    selection_val: int = 1000
     finetune_batch_size: int = 32
     finetune_weight_decay: float = 0.05
     adaptation_seeds: int = 3  # per pretraining seed, averaged into one value
@@ -174,11 +180,13 @@ CONFIGS = {
                     vit_train=_pretrain_tc(5e-4, 1, 64), ni=_SMOKE_NI,
                     vit=dict(dim=32, num_heads=2), vit_depth=2),
         seeds=(0, 1), kmnist_pool=200, kmnist_eval=200, sample_counts=(20, 40),
+        finetune_lrs=(5e-4, 2e-3), selection_val=50,
         finetune_epochs=1, adaptation_seeds=1, capacity_functions=(3, 4), drop_trials=1,
         tsne_images=2, routing_images=32,
     ),
     # Chapter 6 cold at this profile: about 8 minutes (7.6 and 7.8 in two runs) on two quiet CPU cores, three pretraining seeds
-    # (measured in `make book`, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
+    # (measured in `make book`, 2026-11-23); 8.6 min with the per-model learning-rate selection
+    # (issue #17; nbconvert wall time, thread policy on, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
     # split again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens), a
     # narrow model. Shrunk from the one-seed cpu configuration to fit three seeds: 3000 instead of
     # 6000 training and 1000 instead of 1500 validation images per dataset, 10 instead of 14
@@ -188,6 +196,7 @@ CONFIGS = {
                     ni_train=_pretrain_tc(1e-3, 10, 64), vit_train=_pretrain_tc(5e-4, 10, 64),
                     ni=_CPU_NI, vit=dict(dim=96, num_heads=4), vit_depth=4),
         seeds=(0, 1, 2), kmnist_pool=5000, kmnist_eval=2000, sample_counts=(150, 500),
+        finetune_lrs=(2.5e-4, 5e-4, 1e-3, 2e-3),
         adaptation_seeds=2, capacity_functions=(5, 8), drop_trials=3,
     ),
     "gpu": DigitsConfig(),
@@ -489,14 +498,17 @@ def prepare_adaptation(pretrained: nn.Module, seed: int = 0, mode: str = "all",
 
 
 def adapt(pretrained: nn.Module, kmnist: dict, n: int, config: DigitsConfig, seed: int = 0,
-          mode: str = "all", resample: bool = False, num_functions: int | None = None) -> float:  # fmt: skip
+          mode: str = "all", resample: bool = False, num_functions: int | None = None,
+          lr: float | None = None) -> float:  # fmt: skip
     """Finetune a copy on ``n`` class-balanced K-MNIST samples (unaugmented, NI §4.2) for
     ``finetune_epochs``; return the accuracy on the disjoint K-MNIST evaluation set.
-    See :func:`prepare_adaptation` for ``seed``, ``mode``, ``resample`` and ``num_functions``.
+    See :func:`prepare_adaptation` for ``seed``, ``mode``, ``resample`` and ``num_functions``;
+    ``lr`` defaults to ``capacity_lr`` (``mode="functions"``) or ``finetune_lr``.
     Short and never checkpointed: its own small loop (every sample each epoch, no clipping)."""
     model = prepare_adaptation(pretrained, seed, mode, resample, num_functions)
     device = next(model.parameters()).device
-    lr = config.capacity_lr if mode == "functions" else config.finetune_lr
+    if lr is None:
+        lr = config.capacity_lr if mode == "functions" else config.finetune_lr
     idx = balanced_sample(kmnist["y_pool"], n, seed=seed)
     x_train, y_train = kmnist["x_pool"][idx], kmnist["y_pool"][idx]
     prep = Preprocess()
@@ -517,6 +529,31 @@ def adapt(pretrained: nn.Module, kmnist: dict, n: int, config: DigitsConfig, see
             sched.step()
     pred = predict(model, kmnist["x_eval"])[:, 0].argmax(-1)
     return (pred == kmnist["y_eval"]).float().mean().item()
+
+
+def selection_split(kmnist: dict, config: DigitsConfig) -> dict:
+    """The K-MNIST split that chooses finetuning learning rates: samples come from the pool but
+    its last ``selection_val`` images, which score. Built from the pool alone: the evaluation
+    set is not read."""
+    V = config.selection_val
+    if not 0 < V < len(kmnist["y_pool"]):
+        raise ValueError(f"selection_val must be in (0, {len(kmnist['y_pool'])}), got {V}")
+    return {"x_pool": kmnist["x_pool"][:-V], "y_pool": kmnist["y_pool"][:-V],
+            "x_eval": kmnist["x_pool"][-V:], "y_eval": kmnist["y_pool"][-V:]}  # fmt: skip
+
+
+def select_finetune_lr(pretrained: nn.Module, kmnist: dict, config: DigitsConfig, seed: int = 0,
+                       resample: bool = False) -> tuple[float, dict]:  # fmt: skip
+    """``(lr, {lr: selection accuracy})``: the candidate of ``config.finetune_lrs`` with which
+    :func:`adapt` does best at the smallest sample count on :func:`selection_split` (ties: the
+    smaller rate). ``config.finetune_lr`` when there are no candidates."""
+    if not config.finetune_lrs:
+        return config.finetune_lr, {}
+    split = selection_split(kmnist, config)
+    n = min(config.sample_counts)
+    scores = {lr: adapt(pretrained, split, n, config, seed, resample=resample, lr=lr)
+              for lr in sorted(config.finetune_lrs)}  # fmt: skip
+    return max(scores, key=lambda lr: (scores[lr], -lr)), scores
 
 
 # ----------------------------------------------------------------------------- analyses
@@ -571,13 +608,19 @@ def _analyse(ni: NeuralInterpreter, vit: nn.Module, data: DigitsData, kmnist: di
     seeds = [adaptation_seed(seed, s) for s in range(config.adaptation_seeds)]
     ni_out: dict = {"adaptation": {}, "adaptation_resampled": {}, "capacity": {}}
     vit_out: dict = {"adaptation": {}}
+    runs = ((ni_out, "adaptation", ni, False), (vit_out, "adaptation", vit, False),
+            (ni_out, "adaptation_resampled", ni, True))  # fmt: skip
+    lrs = {}
+    for out, key, model, resample in runs:  # each model's rate, on the pool's selection split
+        lrs[key, id(out)], scores = select_finetune_lr(model, kmnist, config, seeds[0], resample)
+        out.setdefault("finetune_lr", {})[key] = lrs[key, id(out)]
+        out.setdefault("lr_selection", {})[key] = {str(k): v for k, v in scores.items()}
     for n in config.sample_counts:
-        for out, key, model, resample in ((ni_out, "adaptation", ni, False),
-                                          (vit_out, "adaptation", vit, False),
-                                          (ni_out, "adaptation_resampled", ni, True)):  # fmt: skip
+        for out, key, model, resample in runs:
             out[key][str(n)] = []
             for a in seeds:
-                out[key][str(n)].append(adapt(model, kmnist, n, config, a, resample=resample))
+                out[key][str(n)].append(adapt(model, kmnist, n, config, a, resample=resample,
+                                              lr=lrs[key, id(out)]))  # fmt: skip
                 bar.update(1)
     n_cap = max(config.sample_counts)
     for u in config.capacity_functions:
