@@ -67,6 +67,16 @@ def test_data_resplits_mnist_m_and_keeps_kmnist_parts_disjoint(fake_root):
     assert not any(x.numpy().tobytes() in pool for x in k["x_eval"])
 
 
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_vit_baseline_has_about_three_times_the_ni_parameters(profile):
+    # NI §4.2: the ViT baseline has ~3x the NI's parameters
+    t = digits.CONFIGS[profile].train
+    ratio = sum(p.numel() for p in digits.build_vit(t).parameters()) / sum(
+        p.numel() for p in digits.build_ni(t).parameters()
+    )
+    assert 2.5 <= ratio <= 3.5
+
+
 def test_adaptation_modes_train_the_intended_parameters():
     cfg = digits.CONFIGS["smoke"]
     ni = digits.build_ni(cfg.train)

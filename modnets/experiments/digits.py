@@ -124,7 +124,11 @@ class DigitsTrain:
     ni_train: TrainConfig = _pretrain_tc(1e-3)
     vit_train: TrainConfig = _pretrain_tc(5e-4)
     ni: dict = field(default_factory=dict)  # NIConfig overrides
-    vit: dict = field(default_factory=dict)  # NIConfig overrides for the ViT
+    # NIConfig overrides for the ViT. NI §4.2 compares with a ViT of about 3x the NI's parameters
+    # (and "almost identical performance on the validation set"): at the configured depth the
+    # width is chosen for that ratio -- dim 96 gives 2.91x at this (gpu) configuration, dim 64
+    # 3.05x at cpu; a test holds every profile to 2.5-3.5x.
+    vit: dict = field(default_factory=lambda: {"dim": 96})
     vit_depth: int = 8
 
     def ni_config(self) -> NIConfig:
@@ -185,8 +189,9 @@ CONFIGS = {
         tsne_images=2, routing_images=32,
     ),
     # Chapter 6 cold at this profile: about 8 minutes (7.6 and 7.8 in two runs) on two quiet CPU cores, three pretraining seeds
-    # (measured in `make book`, 2026-11-23); 8.6 min with the per-model learning-rate selection
-    # (issue #17; nbconvert wall time, thread policy on, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
+    # (measured in `make book`, 2026-11-23). Issue #17: with the per-model learning-rate
+    # selection, the ViT at ~3x the NI's parameters (dim 64: 3.05x) and 4 adaptation seeds, 11.0
+    # min (nbconvert wall time, thread policy on, 2026-11-23). No SVHN offline: MNIST and MNIST-M (its test split,
     # split again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens), a
     # narrow model. Shrunk from the one-seed cpu configuration to fit three seeds: 3000 instead of
     # 6000 training and 1000 instead of 1500 validation images per dataset, 10 instead of 14
@@ -194,10 +199,10 @@ CONFIGS = {
     "cpu": DigitsConfig(
         DigitsTrain(datasets=("mnist", "mnist_m"), train_per_dataset=3000, val_per_dataset=1000,
                     ni_train=_pretrain_tc(1e-3, 10, 64), vit_train=_pretrain_tc(5e-4, 10, 64),
-                    ni=_CPU_NI, vit=dict(dim=96, num_heads=4), vit_depth=4),
+                    ni=_CPU_NI, vit=dict(dim=64, num_heads=4), vit_depth=4),
         seeds=(0, 1, 2), kmnist_pool=5000, kmnist_eval=2000, sample_counts=(150, 500),
         finetune_lrs=(2.5e-4, 5e-4, 1e-3, 2e-3),
-        adaptation_seeds=2, capacity_functions=(5, 8), drop_trials=3,
+        adaptation_seeds=4, capacity_functions=(5, 8), drop_trials=3,
     ),
     "gpu": DigitsConfig(),
 }  # fmt: skip
