@@ -392,6 +392,22 @@ class ClassTokenModel(nn.Module):
             )
         self.config = new_config
 
+    def keep_cls_token(self, index: int) -> None:
+        """Keep only CLS token ``index`` and its head (e.g. to adapt with a pretrained task's
+        token instead of a fresh one); ``config.num_cls`` becomes 1."""
+        n = self.config.num_cls
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"index must be an int in [0, {n}), got {index!r}")
+        with torch.no_grad():
+            tokens = self.cls.tokens[index : index + 1].clone()
+            self.cls = ClassTokens(1, self.config.dim).to(tokens.device)
+            self.cls.tokens.copy_(tokens)
+            if not self.config.shared_head:
+                self.heads.weight = nn.Parameter(self.heads.weight[index : index + 1].clone())
+                self.heads.bias = nn.Parameter(self.heads.bias[index : index + 1].clone())
+                self.heads.num_tokens = 1
+        self.config = self.config.replace(num_cls=1)
+
 
 class NeuralInterpreter(ClassTokenModel):
     """The Neural Interpreter of NI eq. 1: tokens and CLS tokens through ``n_s`` scripts.

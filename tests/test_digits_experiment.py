@@ -100,6 +100,24 @@ def test_adaptation_modes_train_the_intended_parameters():
         digits.prepare_adaptation(ni, mode="heads")
 
 
+def test_adaptation_can_reuse_a_pretrained_cls_token_and_head():
+    cfg = digits.CONFIGS["smoke"]
+    ni = digits.build_ni(cfg.train)  # one CLS token and head per pretraining dataset
+    kept = digits.prepare_adaptation(ni, reuse_cls=1)
+    assert kept.config.num_cls == 1 and ni.config.num_cls == 2
+    assert torch.equal(kept.cls.tokens[0], ni.cls.tokens[1])
+    assert torch.equal(kept.heads.weight[0], ni.heads.weight[1])
+    assert torch.equal(kept.heads.bias[0], ni.heads.bias[1])
+    assert kept(torch.zeros(2, 3, 32, 32)).shape == (2, 1, 10)
+    fresh = digits.prepare_adaptation(ni)
+    assert not torch.equal(fresh.cls.tokens[0], ni.cls.tokens[1])
+    with pytest.raises(ValueError, match="index"):
+        digits.prepare_adaptation(ni, reuse_cls=2)
+    with pytest.raises(ValueError, match="reuse_cls"):
+        digits.DigitsConfig(cfg.train, reuse_cls="svhn")
+    assert digits.DigitsConfig(cfg.train, reuse_cls="mnist_m").reuse_cls == "mnist_m"
+
+
 class _EvalGuarded(dict):
     """A K-MNIST dict whose evaluation split may not be read."""
 

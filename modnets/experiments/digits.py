@@ -164,6 +164,9 @@ class DigitsConfig:
     # set. Chosen once per pretraining seed at the smallest sample count.
     finetune_lrs: tuple[float, ...] = ()
     selection_val: int = 1000
+    # K-MNIST gets a fresh CLS token and head (None), or keeps those of this pretraining dataset
+    # (e.g. "mnist"): the paper does not say which (issue #17).
+    reuse_cls: str | None = None
     finetune_batch_size: int = 32
     finetune_weight_decay: float = 0.05
     adaptation_seeds: int = 3  # per pretraining seed, averaged into one value
@@ -172,6 +175,11 @@ class DigitsConfig:
     drop_trials: int = 5
     tsne_images: int = 8
     routing_images: int = 256  # validation images whose routing is summarised
+
+    def __post_init__(self) -> None:
+        if self.reuse_cls is not None and self.reuse_cls not in self.train.datasets:
+            raise ValueError(f"reuse_cls must be None or one of the pretraining datasets "
+                             f"{self.train.datasets}, got {self.reuse_cls!r}")  # fmt: skip
 
 
 _SMOKE_NI = dict(dim=32, type_dim=8, num_functions=3, num_iterations=2, num_heads=2, patch_size=8)
@@ -470,8 +478,10 @@ def adaptation_seed(pretrain_seed: int, index: int) -> int:
 
 
 def prepare_adaptation(pretrained: nn.Module, seed: int = 0, mode: str = "all",
-                       resample: bool = False, num_functions: int | None = None) -> nn.Module:  # fmt: skip
-    """A copy of ``pretrained`` ready for K-MNIST: one fresh CLS token and head, and the trainable
+                       resample: bool = False, num_functions: int | None = None,
+                       reuse_cls: int | None = None) -> nn.Module:  # fmt: skip
+    """A copy of ``pretrained`` ready for K-MNIST: one fresh CLS token and head (or, with
+    ``reuse_cls``, pretrained CLS token ``reuse_cls`` and its head), and the trainable
     parameters of ``mode``.
 
     ``mode="all"`` trains every parameter that pretraining trained (Figs. 5a, 6): the signatures
@@ -486,7 +496,10 @@ def prepare_adaptation(pretrained: nn.Module, seed: int = 0, mode: str = "all",
     seed_everything(1_000_000 + seed)
     if resample:
         _resample_functions(model, 2_000_000 + seed)
-    model.reset_cls_tokens(1)
+    if reuse_cls is None:
+        model.reset_cls_tokens(1)
+    else:
+        model.keep_cls_token(reuse_cls)
     model.to(device)
     if mode == "functions":
         extra = (num_functions or 0) - model.scripts[0].num_functions
@@ -510,7 +523,8 @@ def adapt(pretrained: nn.Module, kmnist: dict, n: int, config: DigitsConfig, see
     See :func:`prepare_adaptation` for ``seed``, ``mode``, ``resample`` and ``num_functions``;
     ``lr`` defaults to ``capacity_lr`` (``mode="functions"``) or ``finetune_lr``.
     Short and never checkpointed: its own small loop (every sample each epoch, no clipping)."""
-    model = prepare_adaptation(pretrained, seed, mode, resample, num_functions)
+    reuse = None if config.reuse_cls is None else config.train.datasets.index(config.reuse_cls)
+    model = prepare_adaptation(pretrained, seed, mode, resample, num_functions, reuse)
     device = next(model.parameters()).device
     if lr is None:
         lr = config.capacity_lr if mode == "functions" else config.finetune_lr
