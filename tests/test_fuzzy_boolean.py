@@ -1,7 +1,9 @@
 """NI §4.1: fuzzy Boolean functions, the R^2 metric, the finetuning regimes, the experiment."""
 
+import dataclasses
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,11 +11,13 @@ import torch
 
 from modnets.data.fuzzy_boolean import (
     FuzzyBooleanFunctions,
+    FuzzyFormulas,
     fuzzy_and,
     fuzzy_not,
     fuzzy_or,
     make_dataset,
     minterms,
+    sample_formulas,
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
@@ -77,6 +81,49 @@ def test_generator_is_reproducible_and_rejects_near_constant_functions():
         sample_functions(2, num_variables=2, min_variance=0.5)
     with pytest.raises(ValueError, match="num_functions"):
         sample_functions(0)
+
+
+def test_formulas_evaluate_eq15_and_are_boolean_on_the_corners():
+    # ((x1 & ~x3) | ~(x2 | x5)) by hand with NI eq. 15
+    tree = ("or", ("and", ("var", 0), ("not", ("var", 2))), ("not", ("or", ("var", 1), ("var", 4))))
+    f = FuzzyFormulas([tree], 5)
+    assert f.expression(0) == "((x1 & ~x3) | ~(x2 | x5))" and f.depth(0) == 2
+    x = torch.rand(64, 5, generator=torch.Generator().manual_seed(0))
+    by_hand = fuzzy_or(
+        fuzzy_and(x[:, 0], fuzzy_not(x[:, 2])), fuzzy_not(fuzzy_or(x[:, 1], x[:, 4]))
+    )
+    torch.testing.assert_close(f(x)[:, 0], by_hand)
+    corners = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)))
+    crisp = [(c[0] and not c[2]) or not (c[1] or c[4]) for c in corners.bool().tolist()]
+    assert f(corners)[:, 0].tolist() == [float(v) for v in crisp]
+
+
+def test_formula_family_is_reproducible_shares_sub_expressions_and_rejects_constants():
+    f = sample_formulas(30, seed=0)
+    again = sample_formulas(30, seed=0)
+    assert [f.expression(i) for i in range(30)] == [again.expression(i) for i in range(30)]
+    assert len({f.expression(i) for i in range(30)}) == 30
+    assert {f.depth(i) for i in range(30)} == {2, 3}
+    x = torch.rand(4096, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert (f(x).var(0) >= 1e-3).all()
+    # 30 functions draw their parts from a pool of 10: parts recur across functions
+    parts = [
+        p for i in range(30) for p in re.findall(r"\((?:~?x\d) [&|] (?:~?x\d)\)", f.expression(i))
+    ]
+    assert len(set(parts)) <= 10 < len(parts)
+    assert len(f[:20]) == 20 and f[3].expression(0) == f.expression(3)
+    with pytest.raises(ValueError, match="depths"):
+        sample_formulas(3, depths=(4,))
+
+
+def test_experiment_offers_both_families():
+    train = fb.CONFIGS["smoke"].train
+    formulas = dataclasses.replace(train, family="formulas")
+    _, _, functions = fb.load_data(formulas)
+    assert isinstance(functions, FuzzyFormulas)
+    assert len(functions) == train.num_pretrain_functions + train.num_finetune_functions
+    with pytest.raises(ValueError, match="family"):
+        dataclasses.replace(train, family="circuits")
 
 
 def test_dataset_split_and_reproducibility():

@@ -33,6 +33,8 @@ __all__ = [
     "minterms",
     "FuzzyBooleanFunctions",
     "sample_functions",
+    "FuzzyFormulas",
+    "sample_formulas",
     "MultiTaskData",
     "make_dataset",
 ]
@@ -142,6 +144,129 @@ def sample_functions(
         if len(kept) == num_functions:
             return FuzzyBooleanFunctions(torch.stack(kept))
     raise RuntimeError(f"could not draw {num_functions} functions with variance >= {min_variance}")
+
+
+# A formula is a tree: ("var", j) | ("not", tree) | ("and" | "or", tree, tree).
+_BINARY = {"and": fuzzy_and, "or": fuzzy_or}
+
+
+def _evaluate(tree: tuple, x: Tensor) -> Tensor:
+    op = tree[0]
+    if op == "var":
+        return x[:, tree[1]]
+    if op == "not":
+        return fuzzy_not(_evaluate(tree[1], x))
+    return _BINARY[op](_evaluate(tree[1], x), _evaluate(tree[2], x))
+
+
+def _show(tree: tuple) -> str:
+    op = tree[0]
+    if op == "var":
+        return f"x{tree[1] + 1}"
+    if op == "not":
+        return f"~{_show(tree[1])}"
+    return f"({_show(tree[1])} {'&' if op == 'and' else '|'} {_show(tree[2])})"
+
+
+def _depth(tree: tuple) -> int:
+    if tree[0] == "var":
+        return 0
+    if tree[0] == "not":
+        return _depth(tree[1])  # a negation is part of its literal or sub-expression
+    return 1 + max(_depth(tree[1]), _depth(tree[2]))
+
+
+@dataclass
+class FuzzyFormulas:
+    """``k`` fuzzy Boolean *formulas* of ``N`` variables: and / or / not trees evaluated with the
+    fuzzy semantics of NI eq. 15 (a second family beside random truth tables; see
+    :func:`sample_formulas`)."""
+
+    trees: list
+    num_variables: int
+
+    @property
+    def num_functions(self) -> int:
+        return len(self.trees)
+
+    def __len__(self) -> int:
+        return len(self.trees)
+
+    def __getitem__(self, idx) -> FuzzyFormulas:
+        trees = self.trees[idx] if isinstance(idx, slice) else [self.trees[idx]]
+        return FuzzyFormulas(trees, self.num_variables)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Evaluate every formula: ``x`` ``(n, N)`` in [0, 1] -> ``(n, k)`` in [0, 1]."""
+        if x.dim() != 2 or x.shape[1] != self.num_variables:
+            raise ValueError(f"x must have shape (n, {self.num_variables}), got {tuple(x.shape)}")
+        xd = x.double()
+        return torch.stack([_evaluate(t, xd) for t in self.trees], dim=1).to(x.dtype)
+
+    def expression(self, index: int) -> str:
+        """Formula ``index`` as a string, e.g. ``((x1 & ~x3) | (x2 | x5))``."""
+        return _show(self.trees[index])
+
+    def depth(self, index: int) -> int:
+        """Nesting depth of binary operations (a literal is 0; negations do not count)."""
+        return _depth(self.trees[index])
+
+
+def sample_formulas(
+    num_functions: int,
+    num_variables: int = 5,
+    seed: int = 0,
+    depths: tuple[int, ...] = (2, 3),
+    pool_size: int | None = None,
+    min_variance: float = 2e-3,
+    probe_points: int = 4096,
+) -> FuzzyFormulas:
+    """Draw ``num_functions`` distinct random formulas whose depth is one of ``depths``, built
+    from one shared pool of ``pool_size`` (default ``2 N``) depth-1 sub-expressions (an and / or
+    of two literals on different variables), so that functions share parts -- what modular
+    functions could reuse. Depth 2 joins two pool entries, depth 3 joins a depth-2 formula with a
+    third entry; each part is negated with probability 1/4. Near-constant formulas (variance
+    under uniform inputs below ``min_variance``) are rejected. Reproducible by ``seed``."""
+    for name, v in (("num_functions", num_functions), ("num_variables", num_variables)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if num_variables < 2:
+        raise ValueError(f"num_variables must be at least 2, got {num_variables}")
+    if not depths or any(d not in (2, 3) for d in depths):
+        raise ValueError(f"depths must be a non-empty tuple of 2 and/or 3, got {depths!r}")
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=g))
+
+    def maybe_not(tree: tuple) -> tuple:
+        return ("not", tree) if pick(4) == 0 else tree
+
+    def binary(a: tuple, b: tuple) -> tuple:
+        return ("and" if pick(2) == 0 else "or", a, b)
+
+    pool = []
+    for _ in range(pool_size or 2 * num_variables):
+        i, j = torch.randperm(num_variables, generator=g)[:2].tolist()
+        pool.append(binary(maybe_not(("var", i)), maybe_not(("var", j))))
+    probe = torch.rand(probe_points, num_variables, generator=g, dtype=torch.float64)
+    kept: list[tuple] = []
+    seen: set[str] = set()
+    for _ in range(1000 * num_functions):
+        a, b, c = (pool[k] for k in torch.randperm(len(pool), generator=g)[:3].tolist())
+        tree = binary(maybe_not(a), maybe_not(b))
+        if depths[pick(len(depths))] == 3:
+            tree = binary(maybe_not(tree), maybe_not(c))
+        key = _show(tree)
+        if key in seen:
+            continue
+        if _evaluate(tree, probe).var().item() < min_variance:
+            continue
+        seen.add(key)
+        kept.append(tree)
+        if len(kept) == num_functions:
+            return FuzzyFormulas(kept, num_variables)
+    raise RuntimeError(f"could not draw {num_functions} formulas with variance >= {min_variance}")
 
 
 @dataclass

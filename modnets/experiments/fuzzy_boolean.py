@@ -30,7 +30,13 @@ from torch import nn
 
 from modnets import diagnostics, distributed
 from modnets.data import fuzzy_boolean as fuzzy_data
-from modnets.data.fuzzy_boolean import MultiTaskData, make_dataset, sample_functions
+from modnets.data.fuzzy_boolean import (
+    FuzzyFormulas,
+    MultiTaskData,
+    make_dataset,
+    sample_formulas,
+    sample_functions,
+)
 from modnets.experiments import harness
 from modnets.experiments.claims import comparison_claim, precondition, threshold_claim
 from modnets.experiments.cli import experiment_main
@@ -45,6 +51,7 @@ __all__ = [
     "FuzzyBooleanConfig",
     "CONFIGS",
     "REGIMES",
+    "FAMILIES",
     "PAPER",
     "load_data",
     "build_model",
@@ -74,6 +81,9 @@ PAPER = {
 }
 
 
+FAMILIES = ("truth_tables", "formulas")  # the function families FuzzyBooleanTrain offers
+
+
 def _tc(epochs: int, batch_size: int, lr: float) -> TrainConfig:
     return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.01,
                        warmup_fraction=0.05, amp=False, log_points=200)  # fmt: skip
@@ -91,9 +101,16 @@ class FuzzyBooleanTrain:
     num_finetune_functions: int = 10
     num_variables: int = 5
     task_seed: int = 0  # the functions and their points; the same for every seed
+    # "truth_tables": random truth tables in fuzzy DNF, what the paper's "2^(2^N)" counts;
+    # "formulas": random and/or/not formulas of depth 2-3 sharing sub-expressions (issue #17).
+    family: str = "truth_tables"
     pretrain: TrainConfig = _tc(epochs=20, batch_size=256, lr=1e-3)
     finetune: TrainConfig = _tc(epochs=3, batch_size=256, lr=1e-3)
     model: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
 
     def model_config(self) -> NIConfig:
         base = dict(
@@ -137,10 +154,18 @@ def load_data(train: FuzzyBooleanTrain) -> tuple[MultiTaskData, MultiTaskData, o
     the functions, all fixed by ``task_seed``."""
     k_pre, k_new = train.num_pretrain_functions, train.num_finetune_functions
     s = train.task_seed
-    functions = sample_functions(k_pre + k_new, train.num_variables, seed=s)
+    sample = sample_functions if train.family == "truth_tables" else sample_formulas
+    functions = sample(k_pre + k_new, train.num_variables, seed=s)
     pre = make_dataset(functions[:k_pre], train.points_per_function, seed=s + 1)
     new = make_dataset(functions[k_pre:], train.points_per_function, seed=s + 2)
     return pre, new, functions
+
+
+def _describe(functions) -> list:
+    """The functions, for the results file: truth tables (0/1 lists) or formula strings."""
+    if isinstance(functions, FuzzyFormulas):
+        return [functions.expression(i) for i in range(len(functions))]
+    return functions.tables.int().tolist()
 
 
 def build_model(train: FuzzyBooleanTrain) -> NeuralInterpreter:
@@ -298,7 +323,7 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     results = {
         "models": models,
         "diagnostics": {"routing_after_pretraining": routing,
-                        "functions": functions.tables.int().tolist()},
+                        "functions": _describe(functions)},
     }  # fmt: skip
     return harness.results_dict(NAME, profile, config, config.seeds, models,
                                 results["diagnostics"], claims(results),
