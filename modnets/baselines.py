@@ -85,7 +85,8 @@ class ViT(ClassTokenModel):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
             raise ValueError(f"depth must be a positive int, got {depth!r}")
         self.config, self.depth = config, depth
-        self.tokenizer = make_tokenizer(config)
+        # a standard ViT: learned absolute positions, whatever the NI it is compared with uses
+        self.tokenizer = make_tokenizer(config.replace(positional="absolute"))
         self.cls = ClassTokens(config.num_cls, config.dim)
         self.blocks = nn.ModuleList(
             TransformerBlock(config.dim, config.num_heads, config.mlp_hidden) for _ in range(depth)

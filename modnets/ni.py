@@ -38,6 +38,7 @@ __all__ = [
 
 RESIDUALS = ("delta", "literal")
 INPUT_KINDS = ("image", "vector")
+POSITIONALS = ("absolute", "relative")
 
 
 def _positive_int(cfg: object, name: str) -> None:
@@ -67,6 +68,9 @@ class NIConfig:
     Input and output:
         input_kind: ``"image"`` (patches) or ``"vector"`` (one token per element).
         image_size, patch_size, in_channels: for images.
+        positional: ``"absolute"`` (learned position embeddings added to the patch tokens) or
+            ``"relative"`` (images only: a learned bias on every attention logit between two
+            patches, from their offset on the grid, NI §4.2; see :mod:`modnets.nn.relpos`).
         num_elements, element_features: for vectors.
         num_cls: CLS tokens. num_outputs: outputs per CLS token. shared_head: one head for all.
     """
@@ -92,6 +96,7 @@ class NIConfig:
     image_size: int = 32
     patch_size: int = 4
     in_channels: int = 3
+    positional: str = "absolute"
     num_elements: int = 5
     element_features: int = 1
     num_cls: int = 1
@@ -129,6 +134,10 @@ class NIConfig:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
         if self.input_kind not in INPUT_KINDS:
             raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {self.input_kind!r}")
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.positional == "relative" and self.input_kind != "image":
+            raise ValueError("positional='relative' needs input_kind='image' (a grid of patches)")
         if self.input_kind == "image":
             for name in ("image_size", "patch_size", "in_channels"):
                 _positive_int(self, name)
@@ -194,13 +203,15 @@ class Interpreter(nn.Module):
         mlp_layers: int = 2,
         eps: float = 1e-6,
         residual: str = "delta",
+        relative_grid: int | None = None,
     ):
         super().__init__()
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
         self.residual = residual
         self.locs = nn.ModuleList(
-            LOC(dim, code_dim, num_heads, mlp_hidden, mlp_layers, eps) for _ in range(num_locs)
+            LOC(dim, code_dim, num_heads, mlp_hidden, mlp_layers, eps, relative_grid)
+            for _ in range(num_locs)
         )
 
     def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
@@ -229,7 +240,7 @@ class FunctionIteration(nn.Module):
         self.type_matching = TypeMatching(c.truncation, c.sigma, c.eps, c.straight_through)
         self.interpreter = Interpreter(
             c.dim, c.code_dim, c.num_locs, c.num_heads, c.mlp_hidden, c.mlp_layers, c.eps,
-            c.residual,
+            c.residual, c.image_size // c.patch_size if c.positional == "relative" else None,
         )  # fmt: skip
 
     def forward(
@@ -365,7 +376,8 @@ class Script(nn.Module):
 def make_tokenizer(config: NIConfig) -> nn.Module:
     """Patch embedding for images, per-element embedding for vectors."""
     if config.input_kind == "image":
-        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim)
+        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim,
+                              positions=config.positional == "absolute")  # fmt: skip
     return ElementEmbedding(config.num_elements, config.element_features, config.dim)
 
 

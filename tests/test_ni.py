@@ -474,3 +474,72 @@ def test_routing_graph_shares_and_flows():
     assert G.edges[(0, 0), (1, 2)]["weight"] == 0.5
     assert not G.has_edge((0, 1), (1, 2))
     assert routing_graph(C, token=3).nodes[(1, 2)]["share"] == 0.0
+
+
+# ----------------------------------------------------------------------------- relative positions
+
+
+def test_relative_position_bias_depends_only_on_the_offset_and_spares_cls_tokens():
+    from modnets.nn.relpos import RelativePosition2d
+
+    torch.manual_seed(0)
+    G, H, n_cls = 3, 2, 2
+    rel = RelativePosition2d(G, H, code_dim=5)
+    codes = torch.randn(4, 5)
+    b = rel(codes, n_cls + G * G)  # (U, H, T, T)
+    assert b.shape == (4, H, n_cls + G * G, n_cls + G * G)
+    assert torch.equal(b[..., :n_cls, :], torch.zeros_like(b[..., :n_cls, :]))
+    assert torch.equal(b[..., :, :n_cls], torch.zeros_like(b[..., :, :n_cls]))
+    patch = b[..., n_cls:, n_cls:]
+    pos = [(i // G, i % G) for i in range(G * G)]
+    for i, (ri, ci) in enumerate(pos):  # equal offsets, equal bias; the formula of NI §4.2
+        for j, (rj, cj) in enumerate(pos):
+            expected = (rel.rows[:, rj - ri + G - 1] + rel.cols[:, cj - ci + G - 1])[None] + (
+                codes @ rel.function.weight.T
+            )
+            torch.testing.assert_close(patch[:, :, i, j], expected)
+    with pytest.raises(ValueError, match="num_tokens"):
+        rel(codes, G * G - 1)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_modattn_bias_enters_the_logits_before_the_softmax(fused):
+    torch.manual_seed(1)
+    B, U, T, d, H = 2, 3, 6, 8, 2
+    attn = modnets.ModAttn(d, 4, num_heads=H, fused=fused)
+    x, codes = torch.randn(B, U, T, d), torch.randn(U, 4)
+    compat = torch.rand(B, U, T)
+    compat[0, 1, 2] = 0.0
+    bias = torch.randn(U, H, T, T, requires_grad=True)
+    w = attn.attention_weights(x, codes, compat, bias)  # the readable eq. 7, logits + bias
+    c = codes[:, None, :]
+    v = attn._heads(attn.value(x, c))
+    expected = attn.out(torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2), c)
+    out = attn(x, codes, compat, bias)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    out.square().sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0 and bias.grad.isfinite().all()
+    with pytest.raises(ValueError, match="bias"):
+        attn(x, codes, compat, bias[:, :, :-1])
+
+
+def test_relative_positions_are_the_nis_only_source_of_position():
+    torch.manual_seed(0)
+    cfg = modnets.NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
+                   image_size=8, patch_size=4, in_channels=1, num_cls=1, num_outputs=3,
+                   positional="relative")  # fmt: skip
+    model = modnets.NeuralInterpreter(cfg).eval()
+    assert model.tokenizer.pos is None  # no absolute positions
+    x = torch.randn(2, 1, 8, 8)
+    swapped = x.clone()  # the four 4x4 patches, top-left and bottom-right exchanged
+    swapped[..., :4, :4], swapped[..., 4:, 4:] = x[..., 4:, 4:], x[..., :4, :4]
+    with torch.no_grad():
+        assert not torch.allclose(model(x), model(swapped), atol=1e-4)  # positions matter
+        for loc in model.scripts[0].iteration.interpreter.locs:  # no bias: a set of patches
+            for p in loc.relpos.parameters():
+                p.zero_()
+        torch.testing.assert_close(model(x), model(swapped), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="positional"):
+        modnets.NIConfig(positional="rotary")
+    with pytest.raises(ValueError, match="input_kind='image'"):
+        modnets.NIConfig(input_kind="vector", positional="relative")

@@ -3,6 +3,7 @@
 from modnets.nn.loc import LOC
 from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP, modffn_parameter_count
+from modnets.nn.relpos import RelativePosition2d
 from modnets.nn.skmdpa import SKMDPA
 from modnets.nn.tokens import ClassTokens, ConvTokenizer, ElementEmbedding, Heads, PatchEmbedding
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
@@ -17,6 +18,7 @@ __all__ = [
     "TypeMatching",
     "random_signatures",
     "ModAttn",
+    "RelativePosition2d",
     "LOC",
     "SKMDPA",
     "PatchEmbedding",

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from modnets.nn.modattn import ModAttn, check_streams
 from modnets.nn.modulated import ModMLP
+from modnets.nn.relpos import RelativePosition2d
 
 __all__ = ["LOC"]
 
@@ -24,6 +25,9 @@ class LOC(nn.Module):
         mlp_hidden: hidden width of the ModMLP (default ``dim``).
         mlp_layers: ModLin layers in the ModMLP (NI eq. 5).
         eps: ``epsilon`` of the attention renormalisation.
+        relative_grid: with ``G`` patches per side, the attention logits of the last ``G^2``
+            tokens get this LOC's relative positions (:class:`~modnets.nn.relpos.RelativePosition2d`,
+            NI §4.2); ``None``: no positional bias.
 
     Shapes: x ``(B, U, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, U, T, d)``.
     """
@@ -36,16 +40,23 @@ class LOC(nn.Module):
         mlp_hidden: int | None = None,
         mlp_layers: int = 2,
         eps: float = 1e-6,
+        relative_grid: int | None = None,
     ):
         super().__init__()
         self.dim, self.code_dim = dim, code_dim
         self.norm_attn = nn.LayerNorm(dim)
         self.attn = ModAttn(dim, code_dim, num_heads=num_heads, eps=eps)
+        self.relpos = (
+            None
+            if relative_grid is None
+            else RelativePosition2d(relative_grid, num_heads, code_dim)
+        )
         self.norm_mlp = nn.LayerNorm(dim)
         self.mlp = ModMLP(dim, dim, code_dim, hidden_features=mlp_hidden, num_layers=mlp_layers)
 
     def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
         check_streams(x, codes, compat, self.dim, self.code_dim)
         gate = compat[..., None]
-        a = x + gate * self.attn(self.norm_attn(x), codes, compat)
+        bias = None if self.relpos is None else self.relpos(codes, x.shape[2])
+        a = x + gate * self.attn(self.norm_attn(x), codes, compat, bias)
         return a + gate * self.mlp(self.norm_mlp(a), codes[:, None, :])

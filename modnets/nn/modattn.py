@@ -78,7 +78,8 @@ class ModAttn(nn.Module):
 
     Shapes:
         x ``(B, U, T, d)`` (token ``i`` as seen by function ``u``), codes ``(U, d_code)``,
-        compat ``(B, U, T)``  ->  ``(B, U, T, d)``.
+        compat ``(B, U, T)``, optional ``bias`` ``(U, H, T, T)`` added to the logits before the
+        softmax (the relative positions of :mod:`modnets.nn.relpos`)  ->  ``(B, U, T, d)``.
     """
 
     def __init__(
@@ -106,30 +107,38 @@ class ModAttn(nn.Module):
         B, U, T, _ = t.shape
         return t.view(B, U, T, self.num_heads, self.head_dim)
 
-    def attention_weights(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
+    def attention_weights(
+        self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
         """The modulated weights ``W_uhij`` of eq. 7: shape ``(B, U, H, T, T)``; rows sum to ~1
         where ``C_ui > 0`` and are zero where ``C_ui = 0``."""
         c = codes[:, None, :]  # broadcast each function's code over tokens
         q = self._heads(self.query(x, c))
         k = self._heads(self.key(x, c))
         logits = torch.einsum("buihc,bujhc->buhij", q, k) / math.sqrt(self.head_dim)
+        if bias is not None:
+            logits = logits + bias
         w = torch.softmax(logits, dim=-1)
         w = w * (compat[:, :, None, :, None] * compat[:, :, None, None, :])
         return w / (self.eps + w.sum(dim=-1, keepdim=True))
 
-    def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
         check_streams(x, codes, compat, self.dim, self.code_dim)
+        B, U, T, _ = x.shape
+        H, dh = self.num_heads, self.head_dim
+        if bias is not None and bias.shape not in ((U, H, T, T), (1, H, T, T)):
+            raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")
         c = codes[:, None, :]
         fused = self.fused
         if fused is None:
             fused = x.device.type == "cuda" or x.shape[2] >= FUSED_MIN_TOKENS
         if not fused:
-            w = self.attention_weights(x, codes, compat)
+            w = self.attention_weights(x, codes, compat, bias)
             v = self._heads(self.value(x, c))
             mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads into channels
             return self.out(mixed, c)
-        B, U, T, _ = x.shape
-        H, dh = self.num_heads, self.head_dim
         q, k, v = (self._heads(proj(x, c)) for proj in (self.query, self.key, self.value))
         C = compat.expand(B, U, T)[..., None, None].to(v.dtype)  # (B, U, T, 1, 1)
         zero = v.new_zeros(B, U, T, H, 1)  # a zero channel: q . k unchanged, one head width
@@ -137,8 +146,10 @@ class ModAttn(nn.Module):
         v = torch.cat([C * v, C.expand(B, U, T, H, 1)], -1)
         # (B, U, T, H, dh + 1) -> (B U, H, T, dh + 1): one attention per function stream and head
         q, k, v = (t.view(B * U, T, H, dh + 1).transpose(1, 2) for t in (q, k, v))
-        # NI eq. 7: [N_i, D_i] = sum_j softmax_j(q_i . k_j / sqrt(d_key)) [C_j v_j, C_j]
-        nd = F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(dh))
+        if bias is not None:  # the fused CPU kernels take 4-d inputs: a (B U, H, T, T) mask
+            bias = bias.expand(B, U, H, T, T).reshape(B * U, H, T, T)
+        # NI eq. 7: [N_i, D_i] = sum_j softmax_j(q_i . k_j / sqrt(d_key) + b_ij) [C_j v_j, C_j]
+        nd = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1 / math.sqrt(dh))
         nd = nd.transpose(1, 2).reshape(B, U, T, H, dh + 1)
         # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)
         mixed = C * nd[..., :dh] / (self.eps + C * nd[..., dh:])

@@ -13,19 +13,21 @@ __all__ = ["PatchEmbedding", "ConvTokenizer", "ElementEmbedding", "ClassTokens",
 
 
 class PatchEmbedding(nn.Module):
-    """Non-overlapping ``p x p`` patches, linearly embedded, plus learned positions (ViT-style).
+    """Non-overlapping ``p x p`` patches, linearly embedded, plus learned positions (ViT-style;
+    ``positions=False`` leaves them out, for models that encode positions in attention).
 
     Shapes: images ``(B, C, H, W)`` with ``H = W = image_size`` -> tokens ``(B, (H/p)^2, dim)``.
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int):
+    def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int,
+                 positions: bool = True):  # fmt: skip
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"patch_size={patch_size} must divide image_size={image_size} exactly")
         self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
         self.num_tokens = (image_size // patch_size) ** 2
         self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
-        self.pos = nn.Parameter(torch.randn(self.num_tokens, dim) * 0.02)
+        self.pos = nn.Parameter(torch.randn(self.num_tokens, dim) * 0.02) if positions else None
 
     def forward(self, images: Tensor) -> Tensor:
         expected = (self.in_channels, self.image_size, self.image_size)
@@ -34,7 +36,8 @@ class PatchEmbedding(nn.Module):
                 f"images must have shape (batch, {', '.join(map(str, expected))}), "
                 f"got {tuple(images.shape)}"
             )
-        return self.proj(images).flatten(2).transpose(1, 2) + self.pos
+        tokens = self.proj(images).flatten(2).transpose(1, 2)
+        return tokens if self.pos is None else tokens + self.pos
 
 
 class _ChannelsLastNorm(nn.LayerNorm):
