@@ -111,6 +111,32 @@ def ni_routing(model, inputs: Tensor) -> dict:
     return routing(t.stack("ni.compatibility"), tokens=slice(model.config.num_cls, None))
 
 
+def routing_shift(before: Tensor, after: Tensor) -> list[float]:
+    """How far routing moved, per function iteration: the mean over tokens of the total-variation
+    distance ``1/2 sum_u |C_ui - C'_ui|`` between two routings of the same tokens, each stacked
+    ``(n_i, B, U, T)``. 0: unchanged; 1: every token's weight moved to other functions."""
+    if before.shape != after.shape or before.dim() != 4:
+        raise ValueError(f"before and after must be equal (iterations, batch, U, T) shapes, got "
+                         f"{tuple(before.shape)} and {tuple(after.shape)}")  # fmt: skip
+    return (0.5 * (before.float() - after.float()).abs().sum(2)).mean((1, 2)).tolist()
+
+
+@torch.no_grad()
+def ni_routing_shift(before, after, inputs: Tensor) -> list[float]:
+    """:func:`routing_shift` of the input elements (CLS tokens left out) between two Neural
+    Interpreters on the same ``inputs`` (e.g. a pretrained model and a finetuned copy, whose
+    numbers of CLS tokens may differ)."""
+    from modnets.probes import trace
+
+    stacks = []
+    for model in (before, after):
+        model.eval()
+        with trace("ni.compatibility") as t:
+            model(inputs.to(next(model.parameters()).device))
+        stacks.append(t.stack("ni.compatibility")[..., model.config.num_cls :])
+    return routing_shift(*stacks)
+
+
 def links(P: Tensor) -> dict:
     """Sparsity of NAC link probabilities ``P`` ``(U, U)``: the mean off-diagonal ``P``, and the
     importances ``q_i = sum_j P_ij`` (NAC App. F) with their coefficient of variation (0: every

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from modnets import diagnostics as dg
+from modnets.ni import NeuralInterpreter, NIConfig
 
 
 def compat_from(assign, U=6, iterations=1, batch=2):
@@ -75,3 +76,35 @@ def test_regime_line_names_the_seeds_and_warns():
 def test_routing_rejects_bad_shape():
     with pytest.raises(ValueError, match="compat"):
         dg.routing(torch.zeros(2, 6, 5))
+
+
+def test_routing_shift_is_the_total_variation_between_two_routings():
+    a = torch.zeros(2, 1, 3, 4)
+    a[:, :, 0] = 1.0  # every token on function 0
+    b = a.clone()
+    assert dg.routing_shift(a, b) == [0.0, 0.0]
+    b[1] = 0.0
+    b[1, :, 1] = 1.0  # iteration 2: every token moved to function 1
+    b[0, :, :, :2] = 0.5  # iteration 1: half of two tokens' weight moved
+    b[0, :, 2, :2] = 0.0
+    b[0, :, 1, :2] = 0.5
+    assert dg.routing_shift(a, b) == pytest.approx([0.25, 1.0])
+    with pytest.raises(ValueError, match="shapes"):
+        dg.routing_shift(a, b[:, :, :2])
+
+
+def test_ni_routing_shift_is_zero_for_a_copy_and_ignores_cls_tokens():
+    torch.manual_seed(0)
+    cfg = NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
+                           input_kind="vector", num_elements=5, num_cls=4, num_outputs=1,
+                           truncation=1.6)  # fmt: skip
+    model = NeuralInterpreter(cfg)
+    x = torch.rand(8, 5)
+    copy = NeuralInterpreter(cfg)
+    copy.load_state_dict(model.state_dict())
+    copy.reset_cls_tokens(2)  # other CLS tokens: the elements' first-iteration routing is unchanged
+    shift = dg.ni_routing_shift(model, copy, x)
+    assert shift[0] == pytest.approx(0.0, abs=1e-6) and len(shift) == 2
+    with torch.no_grad():
+        copy.scripts[0].signature_chunks[0].mul_(-1.0)  # other signatures: the routing moves
+    assert min(dg.ni_routing_shift(model, copy, x)) > 0.05

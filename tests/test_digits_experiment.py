@@ -1,5 +1,6 @@
 """NI §4.2 experiment plumbing on tiny fake datasets (no real data needed)."""
 
+import dataclasses
 import functools
 import json
 
@@ -75,6 +76,45 @@ def test_vit_baseline_has_about_three_times_the_ni_parameters(profile):
         p.numel() for p in digits.build_ni(t).parameters()
     )
     assert 2.5 <= ratio <= 3.5
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_secondary_vit_has_about_the_ni_parameters(profile):
+    t = digits.CONFIGS[profile].train
+    ratio = sum(p.numel() for p in digits.build_vit(t, small=True).parameters()) / sum(
+        p.numel() for p in digits.build_ni(t).parameters()
+    )
+    assert 0.85 <= ratio <= 1.15
+
+
+def test_matched_snapshot_is_the_one_closest_to_the_target_accuracy():
+    snaps = [{"epoch": e, "val_mean": v} for e, v in ((1, 0.30), (2, 0.52), (3, 0.61), (4, 0.66))]
+    assert digits.matched_snapshot(snaps, 0.60)["epoch"] == 3
+    assert digits.matched_snapshot(snaps, 0.50)["epoch"] == 2
+    assert digits.matched_snapshot(snaps, 0.99)["epoch"] == 4  # never reached: the last
+    tied = [{"epoch": 5, "val_mean": 0.70}, {"epoch": 2, "val_mean": 0.50}]
+    assert digits.matched_snapshot(tied, 0.60)["epoch"] == 2  # a tie: the earlier
+    with pytest.raises(ValueError, match="snapshots"):
+        digits.matched_snapshot([], 0.5)
+
+
+def test_pretraining_snapshots_hold_the_weights_of_their_epoch(fake_root):
+    cfg = digits.CONFIGS["smoke"]
+    t = dataclasses.replace(cfg.train, ni_train=dataclasses.replace(cfg.train.ni_train, epochs=5))
+    data = digits.load_pretraining_data(t, fake_root, verify=False)
+    model = digits.build_ni(t)
+    snaps: list = []
+    history = digits.pretrain(model, data, t, "ni", show_progress=False, snapshots=snaps,
+                              max_snapshots=2)  # fmt: skip
+    # 5 epochs, at most 2 snapshots: every 3rd epoch and the last
+    assert [s["epoch"] for s in snaps] == [3, 5]
+    assert [s["val_mean"] for s in snaps] == [history["val_mean"][2], history["val_mean"][4]]
+    for key, value in model.state_dict().items():  # the last snapshot is the trained model
+        torch.testing.assert_close(snaps[-1]["state"][key], value)
+    earlier = digits.build_ni(t)
+    earlier.load_state_dict(snaps[0]["state"])  # and an earlier one scores as it did then
+    acc = digits.evaluate(earlier, data)
+    assert abs(np.mean(list(acc.values())) - snaps[0]["val_mean"]) < 1e-6
 
 
 def test_adaptation_modes_train_the_intended_parameters():
@@ -162,8 +202,19 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
         assert all(len(v) == cfg.adaptation_seeds for v in runs[0]["adaptation"].values())
     assert set(m["ni"]["adaptation_resampled"]) == {str(n) for n in cfg.sample_counts}
     # each model finetunes at its own rate, one of the candidates
-    assert set(m["ni"]["per_seed"][0]["finetune_lr"]) == {"adaptation", "adaptation_resampled"}
-    assert set(m["vit"]["per_seed"][0]["finetune_lr"]) == {"adaptation"}
+    ahead = [k for k in ("ni", "vit") if "matched" in m[k]["per_seed"][0]]
+    assert len(ahead) == 1  # one of the two is matched to the other's validation accuracy
+    matched = m[ahead[0]]["per_seed"][0]["matched"]
+    assert matched["target_model"] != ahead[0] and 1 <= matched["epoch"] <= matched["of_epochs"]
+    assert set(m["ni"]["per_seed"][0]["finetune_lr"]) >= {"adaptation", "adaptation_resampled"}
+    assert set(m["vit"]["per_seed"][0]["finetune_lr"]) >= {"adaptation"}
+    assert set(m[ahead[0]]["per_seed"][0]["finetune_lr"]) >= {"adaptation_matched"}
+    for kind in ("ni", "vit"):  # the matched comparison: the other model as trained
+        if kind != ahead[0]:
+            assert (
+                m[kind]["per_seed"][0]["adaptation_valmatched"]
+                == m[kind]["per_seed"][0]["adaptation"]
+            )
     assert set(m["vit"]["per_seed"][0]["finetune_lr"].values()) <= set(cfg.finetune_lrs)
     assert set(m["ni"]["capacity"]) == {str(u) for u in cfg.capacity_functions}
     assert set(m["ni"]["drop"]) == {"0", "1", "2"}
@@ -172,10 +223,11 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
     assert [r["seed"] for r in routing] == [0, 1] and len(routing[0]["entropy"]) == 2
     assert len(routing[0]["share"][0]) == 3  # iterations x functions
     assert {c["id"] for c in results["claims"]} == {
-        "fig5a", "fig6", "fig5b", "fig5c", "fig8-more", "fig8-extra", "val-match", "svhn"
+        "fig5a", "fig5a-matched", "fig5a-params", "fig6", "fig5b", "fig5c", "fig8-more",
+        "fig8-extra", "val-match", "svhn"
     }  # fmt: skip
     files = list((tmp_path / "ckpt").glob("digits-*.pt"))
-    assert len(files) == 4 and not any(f.name.endswith(".train.pt") for f in files)
+    assert len(files) == 6 and not any(f.name.endswith(".train.pt") for f in files)
     # another analysis of the same pretraining loads the models: nothing is retrained
     other = digits.DigitsConfig(cfg.train, seeds=cfg.seeds, kmnist_pool=200, kmnist_eval=200,
                                 sample_counts=(30,), finetune_epochs=1, adaptation_seeds=1,
@@ -184,7 +236,7 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
     for kind in digits.KINDS:
         for a, b in zip(m[kind]["per_seed"], again["models"][kind]["per_seed"], strict=True):
             assert a["history"] == b["history"] and a["val_acc"] == b["val_acc"]
-    assert len(list((tmp_path / "ckpt").glob("digits-*.pt"))) == 4
+    assert len(list((tmp_path / "ckpt").glob("digits-*.pt"))) == 6
     out = digits.save_results(results, tmp_path / "r.json")
     assert json.loads(out.read_text())["profile"] == "smoke"
     assert "K-MNIST" in digits.format_summary(results)
@@ -218,6 +270,7 @@ def _made_up(**q) -> dict:
         ni.append({
             "seed": s, "num_iterations": 4, "mean_val_acc": q["ni_val"][s],
             "adaptation": {"150": [q["ni"][s] - 0.01, q["ni"][s] + 0.01], "500": [0.9, 0.9]},
+            "adaptation_valmatched": {"150": [q["ni"][s]] * 2, "500": [0.9, 0.9]},
             "adaptation_resampled": {"150": [q["resampled"][s]] * 2, "500": [0.8, 0.8]},
             "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
             "drop": {"0": {"mnist": [drop0], "mnist_m": [drop0]},
@@ -227,14 +280,28 @@ def _made_up(**q) -> dict:
                         "8": {"mnist": q["double"][s], "mnist_m": q["double"][s]}},
         })  # fmt: skip
         vit.append({"seed": s, "mean_val_acc": q["vit_val"][s],
-                    "adaptation": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]}})  # fmt: skip
+                    "adaptation": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]},
+                    "adaptation_valmatched": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]}})  # fmt: skip
     config = {"train": {"datasets": ["mnist", "mnist_m"]}, "sample_counts": [150, 500],
               "capacity_functions": [5, 8]}  # fmt: skip
-    return {"config": config, "models": {"ni": {"per_seed": ni}, "vit": {"per_seed": vit}}}
+    small = [{**v, "adaptation": {"150": [x - 0.005] * 2, "500": [0.9, 0.9]}}
+             for v, x in zip(vit, q["vit"], strict=True)]  # fmt: skip
+    models = {"ni": {"per_seed": ni}, "vit": {"per_seed": vit}, "vit_small": {"per_seed": small}}
+    return {"config": config, "models": models}
 
 
 def test_claims_compute_every_verdict_from_made_up_results():
-    tested = ("fig5a", "fig6", "fig5b", "fig5c", "fig8-more", "fig8-extra", "val-match")
+    tested = (
+        "fig5a",
+        "fig5a-matched",
+        "fig5a-params",
+        "fig6",
+        "fig5b",
+        "fig5c",
+        "fig8-more",
+        "fig8-extra",
+        "val-match",
+    )
     reproduced = _made_up(
         ni=[0.60, 0.62, 0.61], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.42, 0.41],
         cap_min=[0.50, 0.52, 0.51], cap_max=[0.60, 0.61, 0.63], drop0=[0.90, 0.91, 0.92],

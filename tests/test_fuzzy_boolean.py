@@ -12,6 +12,7 @@ import torch
 from modnets.data.fuzzy_boolean import (
     FuzzyBooleanFunctions,
     FuzzyFormulas,
+    MultiTaskData,
     fuzzy_and,
     fuzzy_not,
     fuzzy_or,
@@ -190,6 +191,12 @@ def test_experiment_runs_end_to_end_at_smoke_profile(tmp_path):
     }
     routing = results["diagnostics"]["routing_after_pretraining"]
     assert len(routing) == 2 and len(routing[0]["functions_per_token"]) == 2  # seeds, iterations
+    shift = results["diagnostics"]["routing_shift"]
+    assert [s["seed"] for s in shift] == [0, 1]
+    assert all(
+        len(s[r]) == 2 and 0 <= min(s[r]) <= max(s[r]) <= 1 for s in shift for r in fb.REGIMES
+    )
+    assert max(shift[0]["cls"][:1]) < 1e-6  # CLS tokens alone cannot move the first iteration
     assert "NI Table 1" in fb.format_table(results)
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -231,3 +238,69 @@ def test_a_checkpoint_that_does_not_fit_is_retrained(tmp_path, monkeypatch):
     path.write_bytes(b"not a checkpoint")  # a truncated file is retrained too
     with pytest.warns(UserWarning, match="retraining"):
         fb.trained_models(config, seed=0, show_progress=False)
+
+
+class _ValGuarded(MultiTaskData):
+    """Training points as given; reading the reported validation split fails the test."""
+
+    def __getattribute__(self, name):
+        if name in ("x_val", "y_val"):
+            raise AssertionError(f"the reported split was read: {name}")
+        return super().__getattribute__(name)
+
+
+def test_selection_split_is_cut_from_the_training_points():
+    data = MultiTaskData(torch.arange(20.0)[:, None], torch.arange(20.0)[:, None], None, None)
+    sel = fb.selection_split(data, 0.25)
+    assert sel.x_train[:, 0].tolist() == list(range(15)) and sel.x_val[:, 0].tolist() == [
+        15,
+        16,
+        17,
+        18,
+        19,
+    ]
+    with pytest.raises(ValueError, match="fraction"):
+        fb.selection_split(data, 0.01)
+
+
+def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    config = fb.CONFIGS["smoke"]
+    pre, new, _ = fb.load_data(config.train)
+    guarded = tuple(_ValGuarded(d.x_train, d.y_train, d.x_val, d.y_val) for d in (pre, new))
+    with pytest.raises(AssertionError, match="reported split"):  # the guard works
+        fb.evaluate(fb.build_model(config.train), guarded[0])
+    train, report = fb.sweep(config, data=(*guarded, None), show_progress=False)
+    cands = report["candidates"]
+    assert len(cands) == len(config.sweep.candidates()) == 2
+    best = cands[fb.choose_candidate(cands)]
+    assert report["chosen"] == {k: best[k] for k in ("truncation", "type_dim", "straight_through")}
+    assert {k: train.model[k] for k in report["chosen"]} == report["chosen"]
+    for regime in fb.REGIMES:  # each regime finetunes at its best-scoring rate
+        scores = {float(k): v for k, v in report["finetune_lr_selection"][regime].items()}
+        assert train.finetune_config(regime).lr == max(scores, key=lambda lr: (scores[lr], -lr))
+    # the chosen candidate and its finetunes at the chosen rates are seed 0's models: nothing
+    # new is trained for them
+    before = set(tmp_path.glob("*.pt"))
+    final = dataclasses.replace(config, train=train)
+    trained = fb.trained_models(
+        final, config.sweep.seed, data=(*guarded, None), show_progress=False
+    )
+    assert set(tmp_path.glob("*.pt")) == before and set(trained) == {"pretrain", *fb.REGIMES}
+    assert fb.sweep(dataclasses.replace(config, sweep=None)) == (config.train, {})
+
+
+def test_sweep_prefers_modular_routing_to_a_better_fit():
+    rows = [{"r2": 0.99, "regime": "collapsed"}, {"r2": 0.95, "regime": "modular"},
+            {"r2": 0.97, "regime": "modular"}, {"r2": 0.999, "regime": "uniform"}]  # fmt: skip
+    assert fb.choose_candidate(rows) == 2
+    # modular at every iteration beats modular overall (e.g. uniform at one iteration)
+    strict = [{**rows[2]}, {"r2": 0.96, "regime": "modular", "modular_every_iteration": True}]
+    assert fb.choose_candidate(strict) == 1
+    no_modular = [{"r2": 0.9, "regime": "uniform"}, {"r2": 0.95, "regime": "collapsed"}]
+    assert (
+        fb.choose_candidate(no_modular) == 1
+    )  # none modular: the best fit, and the report says so
+    assert fb.choose_candidate([{"r2": 0.9, "regime": "modular"}] * 2) == 0  # a tie: the first
+    with pytest.raises(ValueError, match="candidates"):
+        fb.choose_candidate([])

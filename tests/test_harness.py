@@ -194,6 +194,35 @@ def test_load_or_train_trains_once_then_loads_and_retrains_on_new_code_or_data(
     assert len(calls) == 4 and calls[-1] is None  # no cache: no checkpoint read or written
 
 
+def test_load_or_train_keeps_an_extra_and_retrains_a_checkpoint_without_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    calls = []
+
+    def build():
+        return nn.Linear(2, 2)
+
+    def plain(model, state_path, resume):
+        calls.append("plain")
+        return {"trained": True}
+
+    def with_extra(model, state_path, resume):
+        calls.append("extra")
+        return {"trained": True}, [{"epoch": 1, "state": {"w": torch.ones(2)}}]
+
+    kw = dict(code=(build,), data="d")
+    harness.load_or_train("toy", {"lr": 1}, 0, build, plain, **kw)
+    with pytest.warns(UserWarning, match="holds no extra"):  # saved without: retrained
+        _, _, kept = harness.load_or_train("toy", {"lr": 1}, 0, build, with_extra, extra=True, **kw)
+    _, history, again = harness.load_or_train("toy", {"lr": 1}, 0, build, with_extra, extra=True,
+                                              **kw)  # fmt: skip
+    assert calls == ["plain", "extra"] and history == {"trained": True}
+    assert again[0]["epoch"] == 1 and torch.equal(again[0]["state"]["w"], kept[0]["state"]["w"])
+    model, history = harness.load_or_train(
+        "toy", {"lr": 1}, 0, build, plain, **kw
+    )  # no extra asked
+    assert calls == ["plain", "extra"] and isinstance(model, nn.Linear)
+
+
 # ----------------------------------------------------------------------------- seeds and claims
 
 
@@ -307,7 +336,8 @@ def test_every_experiment_has_the_harness_parts(name):
 #: What each experiment's gpu dry run must build, and what may get no gradient at initialisation.
 DRY_RUNS = {
     "fuzzy_boolean": ({"NI (pretraining)"}, False),
-    "digits": ({"NI (pretraining)", "ViT (pretraining)"}, False),
+    "digits": ({"NI (pretraining)", "ViT (pretraining)", "ViT (parameter-matched) (pretraining)"},
+               False),
     "tiny_imagenet": ({"Perceiver IO", "NAC (scale_free)", "NAC (planted_partition)",
                        "NAC (ring_of_cliques)", "NAC (erdos_renyi)"}, False),
     "stacked_mnist": ({"CNN", "NFM(CNN)"}, True),  # gamma = 0 at first: the NFM reads are silent

@@ -21,8 +21,9 @@ Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.js
 from __future__ import annotations
 
 import copy
+import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,7 @@ from modnets.utils import default_device
 
 __all__ = [
     "FuzzyBooleanTrain",
+    "FuzzyBooleanSweep",
     "FuzzyBooleanConfig",
     "CONFIGS",
     "REGIMES",
@@ -58,6 +60,9 @@ __all__ = [
     "set_trainable",
     "train",
     "trained_models",
+    "selection_split",
+    "choose_candidate",
+    "sweep",
     "run",
     "claims",
     "dry_run",
@@ -106,6 +111,9 @@ class FuzzyBooleanTrain:
     family: str = "truth_tables"
     pretrain: TrainConfig = _tc(epochs=20, batch_size=256, lr=1e-3)
     finetune: TrainConfig = _tc(epochs=3, batch_size=256, lr=1e-3)
+    # per-regime finetuning learning rates, ((regime, lr), ...), overriding finetune.lr; the
+    # routing sweep (:func:`sweep`) chooses them on the selection split
+    finetune_lrs: tuple = ()
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -121,6 +129,47 @@ class FuzzyBooleanTrain:
         )  # fmt: skip
         return NIConfig(**{**base, **self.model})
 
+    def finetune_config(self, regime: str) -> TrainConfig:
+        """The finetuning optimiser of ``regime``: ``finetune`` at its rate in ``finetune_lrs``."""
+        lr = dict(self.finetune_lrs).get(regime)
+        return self.finetune if lr is None else replace(self.finetune, lr=lr)
+
+
+@dataclass(frozen=True)
+class FuzzyBooleanSweep:
+    """The routing sweep of issue #17, run before the experiment: each candidate ``(truncation,
+    type_dim, straight_through)`` pretrains from ``seed`` as the experiment does (``epochs``:
+    the pretraining's when ``None``) on the training points but the last
+    ``selection_fraction``, which score it (R^2) and whose routing is diagnosed
+    (:func:`modnets.diagnostics.routing`). :func:`choose_candidate` picks one, then each
+    finetuning regime gets the rate of ``finetune_lrs`` that scores best on the same cut of the
+    new functions' training points. The reported validation split is never read.
+
+    Candidates train as long as the experiment's pretraining because routing moves with training:
+    in a pilot of 4 of the 10 cpu epochs, tau 1.0 with type dimension 8 looked modular (3-4
+    functions used), and at 10 epochs it collapses onto two."""
+
+    truncation: tuple[float, ...] = (1.0, 1.42)
+    type_dim: tuple[int, ...] = (4, 8)
+    straight_through: tuple[bool, ...] = (False, True)
+    epochs: int | None = None
+    selection_fraction: float = 0.1
+    finetune_lrs: tuple[float, ...] = (1e-3, 4e-3, 1.6e-2)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.selection_fraction < 1.0:
+            raise ValueError(
+                f"selection_fraction must lie in (0, 1), got {self.selection_fraction}"
+            )
+        if not (self.truncation and self.type_dim and self.straight_through and self.finetune_lrs):
+            raise ValueError("every candidate list of the sweep needs at least one value")
+
+    def candidates(self) -> list[dict]:
+        """NIConfig overrides, one per candidate."""
+        grid = itertools.product(self.truncation, self.type_dim, self.straight_through)
+        return [dict(truncation=t, type_dim=d, straight_through=s) for t, d, s in grid]
+
 
 @dataclass(frozen=True)
 class FuzzyBooleanConfig:
@@ -129,6 +178,7 @@ class FuzzyBooleanConfig:
     train: FuzzyBooleanTrain = FuzzyBooleanTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
     routing_points: int = 512  # validation points whose routing is summarised
+    sweep: FuzzyBooleanSweep | None = FuzzyBooleanSweep()  # None: train as configured
 
 
 CONFIGS = {
@@ -137,10 +187,13 @@ CONFIGS = {
                           finetune=_tc(1, 100, 1e-3),
                           model=dict(dim=16, num_functions=3, num_heads=2, mlp_hidden=32)),
         seeds=(0, 1), routing_points=64,
+        sweep=FuzzyBooleanSweep(truncation=(1.0, 1.42), type_dim=(8,), straight_through=(False,),
+                                finetune_lrs=(1e-3, 4e-3)),
     ),
-    # Chapter 5 cold at this profile: about 8 minutes (7.7 and 8.2 in two runs) on two quiet CPU cores, three seeds (measured in
-    # `make book`, 2026-11-23). 16x fewer points and half the epochs of the paper; shrunk from
-    # 20,000 points per function (one seed) to fit three seeds.
+    # Chapter 5 cold at this profile: 14.7 minutes on two quiet CPU cores (nbconvert wall time,
+    # 2026-11-24): the routing sweep (8 candidates at the full 10 epochs, 9 finetuning runs),
+    # then three seeds, the first of which is the sweep's choice, reused. 16x fewer points and
+    # half the epochs of the paper; shrunk from 20,000 points per function (one seed) to fit.
     "cpu": FuzzyBooleanConfig(
         FuzzyBooleanTrain(points_per_function=10_000, pretrain=_tc(10, 64, 2e-3),
                           finetune=_tc(3, 64, 4e-3)),
@@ -246,43 +299,174 @@ TRAIN_CODE = ("modnets.ni", "modnets.training", fuzzy_data, load_data, build_mod
               set_trainable, target_scaler, evaluate, loss, train)  # fmt: skip
 
 
+def _fit_points(config: FuzzyBooleanConfig, data) -> tuple[MultiTaskData, MultiTaskData, str]:
+    """The points models train on, and their fingerprint: with a sweep, the training points but
+    the sweep's selection cut (:func:`selection_split`; the cut is then the held-out split of
+    every epoch's evaluation), so that the sweep's chosen candidate is the first seed's
+    pretrained model itself; without one, all training points."""
+    pre_data, new_data, _ = data
+    if config.sweep is None:
+        return pre_data, new_data, "synthetic"  # generated data: its code is in TRAIN_CODE
+    frac = config.sweep.selection_fraction
+    pre_fit, new_fit = (selection_split(d, frac) for d in (pre_data, new_data))
+    return pre_fit, new_fit, f"synthetic, selection cut {frac}"
+
+
+def _reported(fit: MultiTaskData, data: MultiTaskData) -> MultiTaskData:
+    """The split the experiment reports (``data``'s validation points), paired with the points the
+    model trained on, whose target scaling :func:`evaluate` must undo."""
+    return MultiTaskData(fit.x_train, fit.y_train, data.x_val, data.y_val)
+
+
+def _pretrained(t: FuzzyBooleanTrain, seed: int, points: MultiTaskData, fingerprint: str, device,
+                show_progress: bool, cache: bool, resume: bool, desc: str) -> tuple:  # fmt: skip
+    """The pretrained model of ``t`` at ``seed`` (checkpoint ``fuzzy_boolean-pretrain``, keyed
+    without the finetuning rates, which pretraining does not use)."""
+
+    def fit_it(model, state_path, resume):
+        return train(model, points, t.pretrain, seed, desc, show_progress, state_path, resume)
+
+    return load_or_train(f"{NAME}-pretrain", replace(t, finetune_lrs=()), seed,
+                         lambda: build_model(t), fit_it, code=TRAIN_CODE, data=fingerprint,
+                         device=device, cache=cache, resume=resume)  # fmt: skip
+
+
+def _finetuned(t: FuzzyBooleanTrain, regime: str, seed: int, weights: dict, points: MultiTaskData,
+               fingerprint: str, device, show_progress: bool, cache: bool, resume: bool,
+               desc: str) -> tuple:  # fmt: skip
+    """``regime`` finetuned from the pretrained ``weights`` at its rate in ``t`` (checkpoint
+    ``fuzzy_boolean-<regime>``, keyed by that rate alone)."""
+    tc = t.finetune_config(regime)
+
+    def build():
+        ft = build_model(t)
+        ft.load_state_dict(weights)
+        ft.reset_cls_tokens(t.num_finetune_functions)
+        set_trainable(ft, regime)
+        return ft
+
+    def fit_it(model, state_path, resume):
+        return train(model, points, tc, seed, desc, show_progress, state_path, resume)
+
+    model, hist = load_or_train(f"{NAME}-{regime}", replace(t, finetune_lrs=((regime, tc.lr),)),
+                                seed, build, fit_it, code=TRAIN_CODE, data=fingerprint,
+                                device=device, cache=cache, resume=resume)  # fmt: skip
+    set_trainable(model, regime)
+    return model, hist
+
+
 def trained_models(config: FuzzyBooleanConfig, seed: int, data=None, device=None,
                    show_progress: bool = True, cache: bool = True,
                    resume: bool = False) -> dict[str, tuple[nn.Module, dict]]:  # fmt: skip
     """``{"pretrain" | regime: (model, history)}`` at ``seed``: each loaded from its checkpoint
-    or trained (pretraining first, then each regime from the same pretrained weights)."""
+    or trained (pretraining first, then each regime from the same pretrained weights), on the
+    points of :func:`_fit_points`. ``config.train`` is used as it is: pass the one
+    :func:`sweep` returns (as :func:`run` does) to get the swept choice."""
     t = config.train
-    pre_data, new_data, _ = load_data(t) if data is None else data
+    data = load_data(t) if data is None else data
+    pre_fit, new_fit, fingerprint = _fit_points(config, data)
     device = device or default_device()
-    fingerprint = "synthetic"  # generated data: its code is in TRAIN_CODE
-
-    def pretrain(model, state_path, resume):
-        return train(model, pre_data, t.pretrain, seed, f"pretraining (seed {seed})",
-                     show_progress, state_path, resume)  # fmt: skip
-
-    pre, history = load_or_train(f"{NAME}-pretrain", t, seed, lambda: build_model(t), pretrain,
-                                 code=TRAIN_CODE, data=fingerprint, device=device, cache=cache,
-                                 resume=resume)  # fmt: skip
+    pre, history = _pretrained(t, seed, pre_fit, fingerprint, device, show_progress, cache,
+                               resume, f"pretraining (seed {seed})")  # fmt: skip
     out = {"pretrain": (pre, history)}
-    pretrained = copy.deepcopy(pre.state_dict())
+    weights = copy.deepcopy(pre.state_dict())
     for regime in REGIMES:
-
-        def build(regime=regime):
-            ft = build_model(t)
-            ft.load_state_dict(pretrained)
-            ft.reset_cls_tokens(t.num_finetune_functions)
-            set_trainable(ft, regime)
-            return ft
-
-        def finetune(model, state_path, resume, regime=regime):
-            return train(model, new_data, t.finetune, seed, f"finetune [{regime}] (seed {seed})",
-                         show_progress, state_path, resume)  # fmt: skip
-
-        model, hist = load_or_train(f"{NAME}-{regime}", t, seed, build, finetune, code=TRAIN_CODE,
-                                    data=fingerprint, device=device, cache=cache, resume=resume)  # fmt: skip
-        set_trainable(model, regime)
-        out[regime] = (model, hist)
+        out[regime] = _finetuned(t, regime, seed, weights, new_fit, fingerprint, device,
+                                 show_progress, cache, resume,
+                                 f"finetune [{regime}] (seed {seed})")  # fmt: skip
     return out
+
+
+def selection_split(data: MultiTaskData, fraction: float) -> MultiTaskData:
+    """The split that chooses hyper-parameters: the training points but the last ``fraction``
+    train, those score. Built from the training points alone: the validation split, which the
+    experiment reports, is not read."""
+    n = len(data.x_train)
+    k = int(round(fraction * n))
+    if not 0 < k < n:
+        raise ValueError(f"fraction must leave points on both sides of {n}, got {fraction}")
+    x, y = data.x_train, data.y_train
+    return MultiTaskData(x[: n - k], y[: n - k], x[n - k :], y[n - k :])
+
+
+def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: bool = True,
+          cache: bool = True) -> tuple[FuzzyBooleanTrain, dict]:  # fmt: skip
+    """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
+    ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
+    ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
+    candidate's selection R^2 and routing, and every rate's selection R^2. Each trained
+    candidate is checkpointed (``fuzzy_boolean-sweep``, ``fuzzy_boolean-sweep-<regime>``)."""
+    sw, t = config.sweep, config.train
+    if sw is None:
+        return t, {}
+    data = load_data(t) if data is None else data
+    pre_sel, new_sel = (selection_split(d, sw.selection_fraction) for d in data[:2])
+    pre_fit, new_fit, fingerprint = _fit_points(config, data)
+    device = device or default_device()
+    rows, models = [], []
+    epochs = t.pretrain.epochs if sw.epochs is None else sw.epochs
+    for cand in sw.candidates():
+        tc = replace(t, model={**t.model, **cand}, pretrain=replace(t.pretrain, epochs=epochs),
+                     finetune_lrs=())  # fmt: skip
+        model, _ = _pretrained(tc, sw.seed, pre_fit, fingerprint, device, show_progress, cache,
+                               False, f"sweep: {_label(cand)}")  # fmt: skip
+        r2 = evaluate(model, pre_sel).mean().item()
+        routing = diagnostics.ni_routing(model, pre_sel.x_val[: config.routing_points])
+        rows.append({**cand, "r2": r2, "regime": routing["regime"],
+                     "modular_every_iteration": _modular_every_iteration(routing),
+                     "functions_used": routing["functions_used"],
+                     "routing_entropy": routing["routing_entropy"],
+                     "functions_per_token": routing["functions_per_token"]})  # fmt: skip
+        models.append((tc, model))
+    best = choose_candidate(rows)
+    tc, pretrained = models[best]
+    weights = copy.deepcopy(pretrained.state_dict())
+    lr_scores: dict = {}
+    for regime in REGIMES:
+        lr_scores[regime] = {}
+        for lr in sorted(sw.finetune_lrs):
+            model, _ = _finetuned(replace(tc, finetune_lrs=((regime, lr),)), regime, sw.seed,
+                                  weights, new_fit, fingerprint, device, show_progress, cache,
+                                  False, f"sweep: finetune [{regime}] lr {lr:g}")  # fmt: skip
+            lr_scores[regime][lr] = evaluate(model, new_sel).mean().item()
+    # the best rate per regime (ties: the smaller)
+    lrs = tuple((r, max(v, key=lambda lr, v=v: (v[lr], -lr))) for r, v in lr_scores.items())
+    chosen = {k: rows[best][k] for k in ("truncation", "type_dim", "straight_through")}
+    report = {"candidates": rows, "chosen": chosen, "chosen_regime": rows[best]["regime"],
+              "any_modular": any(r["regime"] == "modular" for r in rows), "finetune_lr_selection":
+                  {r: {str(lr): v for lr, v in d.items()} for r, d in lr_scores.items()},
+              "finetune_lrs": dict(lrs), "epochs": epochs,
+              "selection_points": len(pre_sel.x_val)}  # fmt: skip
+    return replace(t, model={**t.model, **chosen}, finetune_lrs=lrs), report
+
+
+def _modular_every_iteration(routing: dict) -> bool:
+    """Modular routing at *every* function iteration: more than
+    :data:`~modnets.diagnostics.COLLAPSED_FUNCTIONS` functions used and an entropy below
+    :data:`~modnets.diagnostics.UNIFORM_ENTROPY` at each (``routing_regime`` calls routing
+    modular unless *all* iterations are collapsed, or all uniform)."""
+    return all(
+        n > diagnostics.COLLAPSED_FUNCTIONS and h < diagnostics.UNIFORM_ENTROPY
+        for n, h in zip(routing["functions_used"], routing["routing_entropy"], strict=True)
+    )
+
+
+def choose_candidate(rows: list[dict]) -> int:
+    """The index of the sweep's choice among ``rows`` (``{"r2", "regime",
+    "modular_every_iteration", ...}``): the highest selection R^2 among candidates whose routing
+    is modular at every iteration; failing that, among those whose regime is modular; failing
+    that, among all (ties: the first). Routing first: a candidate that fits better with
+    collapsed or uniform routing gives re-routing nothing to act on."""
+    if not rows:
+        raise ValueError("rows is empty: the sweep has no candidates")
+    strict = [i for i, r in enumerate(rows) if r.get("modular_every_iteration")]
+    modular = [i for i, r in enumerate(rows) if r["regime"] == "modular"]
+    return max(strict or modular or range(len(rows)), key=lambda i: (rows[i]["r2"], -i))
+
+
+def _label(overrides: dict) -> str:
+    return (f"tau {overrides['truncation']:g}, type dim {overrides['type_dim']}"
+            + (", straight-through" if overrides["straight_through"] else ""))  # fmt: skip
 
 
 def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
@@ -306,23 +490,32 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     device = distributed.local_device() if distributed.is_distributed() else default_device()
     data = load_data(config.train)
     pre_data, new_data, functions = data
+    chosen, sweep_report = sweep(config, data, device, show_progress, cache)
+    config = replace(config, train=chosen)
+    pre_fit, new_fit, _ = _fit_points(config, data)
+    reported = {"pretrain": _reported(pre_fit, pre_data), "new": _reported(new_fit, new_data)}
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
-    routing = []
+    routing, shifts = [], []
     for seed in config.seeds:
         trained = trained_models(config, seed, data, device, show_progress, cache, resume)
         for key, (model, history) in trained.items():
-            r2 = evaluate(model, pre_data if key == "pretrain" else new_data)
+            r2 = evaluate(model, reported["pretrain" if key == "pretrain" else "new"])
             models[key]["per_seed"].append({
                 "seed": seed, "r2": r2.tolist(), "mean_r2": r2.mean().item(), "history": history,
                 "trainable_parameters": trainable_parameters(model),
             })  # fmt: skip
         x = pre_data.x_val[: config.routing_points]
         routing.append({"seed": seed, **diagnostics.ni_routing(trained["pretrain"][0], x)})
+        # how far each finetuning regime moved the variable tokens' routing (new functions' inputs)
+        x_new = new_data.x_val[: config.routing_points]
+        shifts.append({"seed": seed, **{r: diagnostics.ni_routing_shift(
+            trained["pretrain"][0], trained[r][0], x_new) for r in REGIMES}})  # fmt: skip
     for entry in models.values():
         entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
     results = {
         "models": models,
-        "diagnostics": {"routing_after_pretraining": routing,
+        "diagnostics": {"routing_after_pretraining": routing, "routing_shift": shifts,
+                        "sweep": sweep_report,
                         "functions": _describe(functions)},
     }  # fmt: skip
     return harness.results_dict(NAME, profile, config, config.seeds, models,

@@ -226,7 +226,7 @@ def checkpoint_key(name: str, train_config, seed: int, data: str, code: str) -> 
 
 def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Module],
                   train: Callable[..., dict], *, code: Sequence, data: str, device=None,
-                  cache: bool = True, resume: bool = False) -> tuple[nn.Module, dict]:  # fmt: skip
+                  cache: bool = True, resume: bool = False, extra: bool = False) -> tuple:  # fmt: skip
     """The trained model ``name`` at ``seed``: loaded from its checkpoint, or trained and saved.
 
     ``build()`` makes the untrained model (called after seeding with ``seed``);
@@ -235,6 +235,11 @@ def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Mod
     lists what the model's training depends on (see :func:`code_fingerprint`), ``data`` is the
     data fingerprint (:func:`data_fingerprint`). ``cache=False`` trains without reading or
     writing checkpoints. Under ``torchrun`` every rank trains; only rank 0 writes.
+
+    ``extra=True``: ``train`` returns ``(history, extra)``, where ``extra`` is whatever else is
+    worth keeping with the model (e.g. the digits experiment's pretraining snapshots); it is
+    stored in the checkpoint and returned third, ``(model, history, extra)``. A checkpoint
+    without one is retrained.
     """
     key = checkpoint_key(name, train_config, seed, data, code_fingerprint(*code))
     path = checkpoint_dir() / f"{name}_{key}.pt"
@@ -250,8 +255,10 @@ def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Mod
             state = torch.load(path, map_location=device or "cpu", weights_only=False)
             if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
                 raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} checkpoint")
+            if extra and "extra" not in state:
+                raise CheckpointError(f"{path} holds no extra (saved without extra=True)")
             model.load_state_dict(state["model"])
-            return model, state["history"]
+            return (model, state["history"], state["extra"]) if extra else (model, state["history"])
         except Exception as err:  # truncated, foreign, or another shape: train afresh
             warnings.warn(f"checkpoint {path} does not fit this model ({str(err)[:200]}); "
                           "retraining", stacklevel=2)  # fmt: skip
@@ -259,12 +266,14 @@ def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Mod
     state_path = path.with_suffix(".train.pt") if cache else None
     seed_everything(seed)
     history = train(model, state_path, resume)
+    history, kept = history if extra else (history, None)
     if cache and distributed.is_main():
-        save_checkpoint({"format": CHECKPOINT_FORMAT, "name": name, "key": key,
-                         "model": model.state_dict(), "history": history}, path)  # fmt: skip
+        state = {"format": CHECKPOINT_FORMAT, "name": name, "key": key,
+                 "model": model.state_dict(), "history": history}  # fmt: skip
+        save_checkpoint({**state, "extra": kept} if extra else state, path)
         state_path.unlink(missing_ok=True)  # the finished model replaces its training state
     distributed.barrier()
-    return model, history
+    return (model, history, kept) if extra else (model, history)
 
 
 # ----------------------------------------------------------------------------- seeds
