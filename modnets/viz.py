@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import networkx as nx
 from torch import Tensor
 
-__all__ = ["routing_graph", "draw_routing", "draw_circuit"]
+__all__ = ["routing_graph", "draw_routing", "draw_function_shares", "draw_circuit"]
 
 
 def routing_graph(compat: Tensor, token: int | None = None, min_weight: float = 1e-3) -> nx.DiGraph:
@@ -91,6 +91,41 @@ def draw_routing(
         ax.spines[side].set_visible(False)
     if title:
         ax.set_title(title)
+    return ax
+
+
+def draw_function_shares(entries: Sequence[dict], ax=None, title: str | None = None):
+    """Stacked bars of each function's share of the tokens' routing weight, one bar per function
+    iteration of each seed, from :func:`modnets.diagnostics.routing` summaries (``"share"``,
+    ``"regime"``, optionally ``"seed"``). Equal segments: uniform routing; one or two segments:
+    collapsed.
+    """
+    import matplotlib.pyplot as plt
+
+    if not entries:
+        raise ValueError("entries is empty: give one routing summary per seed")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.2 + 0.45 * sum(len(e["share"]) for e in entries), 3))
+    x, ticks, labels = 0.0, [], []
+    for e in entries:
+        for k, shares in enumerate(e["share"]):
+            bottom = 0.0
+            for u, share in enumerate(shares):
+                ax.bar(x, share, bottom=bottom, color=plt.cm.tab10(u % 10), width=0.8,
+                       edgecolor="white", linewidth=0.5)  # fmt: skip
+                bottom += share
+            ticks.append(x)
+            labels.append(f"i{k + 1}")
+            x += 1.0
+        ax.text(x - (len(e["share"]) + 1) / 2, 1.02, f"seed {e.get('seed', '?')}: {e['regime']}",
+                ha="center", va="bottom", fontsize=8)  # fmt: skip
+        x += 0.6
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set(ylim=(0, 1.12), ylabel="share of routing weight")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, pad=14)
     return ax
 
 

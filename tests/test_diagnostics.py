@@ -108,3 +108,23 @@ def test_ni_routing_shift_is_zero_for_a_copy_and_ignores_cls_tokens():
     with torch.no_grad():
         copy.scripts[0].signature_chunks[0].mul_(-1.0)  # other signatures: the routing moves
     assert min(dg.ni_routing_shift(model, copy, x)) > 0.05
+
+
+def test_function_shares_are_drawn_as_stacked_bars_of_the_shares():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from modnets.viz import draw_function_shares
+
+    entries = [{"seed": 0, "regime": "modular", "share": [[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]]},
+               {"seed": 1, "regime": "collapsed", "share": [[1.0, 0.0, 0.0], [0.9, 0.1, 0.0]]}]  # fmt: skip
+    ax = draw_function_shares(entries)
+    bars = ax.patches
+    assert len(bars) == 2 * 2 * 3  # seeds x iterations x functions
+    heights = [b.get_height() for b in bars]
+    assert heights == pytest.approx([v for e in entries for it in e["share"] for v in it])
+    tops = [b.get_y() + b.get_height() for b in bars[2::3]]  # each bar's last segment
+    assert tops == pytest.approx([1.0] * 4)  # the shares of an iteration stack to one
+    assert {t.get_text() for t in ax.texts} == {"seed 0: modular", "seed 1: collapsed"}
+    with pytest.raises(ValueError, match="entries"):
+        draw_function_shares([])
