@@ -67,6 +67,7 @@ from modnets.probes import probe
 __all__ = [
     "ACTIVATIONS",
     "topk_softmax",
+    "TOPK_MODES",
     "space_to_depth",
     "depth_to_space",
     "rescale",
@@ -76,9 +77,11 @@ __all__ = [
     "NFMNetwork",
     "ConvNet",
     "PLACEMENTS",
+    "PROJECTIONS",
 ]
 
 ACTIVATIONS = ("relu", "gelu")
+TOPK_MODES = ("sab", "exact")
 BLOCKS = ("plain", "preact")
 POOLS = ("flatten", "max", "mean")
 
@@ -100,8 +103,13 @@ def _tensor(value, name: str) -> Tensor:
 # ----------------------------------------------------------------------------- sparse attention
 
 
-def topk_softmax(scores: Tensor, k: int, dim: int = -1) -> Tensor:
+def topk_softmax(scores: Tensor, k: int, dim: int = -1, mode: str = "sab") -> Tensor:
     """The sparse softmax of SAB {cite}`ke2018sab` and RIMs {cite}`goyal2021rims` along ``dim``.
+
+    ``mode="exact"`` keeps exactly ``k`` weights even on ties: the ``k`` largest of a stable sort
+    (on equal weights, the lowest index first), renormalised, i.e. the softmax over those ``k``
+    scores. ``mode="sab"`` (below) subtracts the (k+1)-th largest weight, so a k-th weight tied
+    with the (k+1)-th is dropped too and fewer than ``k`` arguments survive.
 
     ``w = softmax(scores)``; ``w' = max(w - w_(k+1), 0)`` with ``w_(k+1)`` the (k+1)-th largest
     weight of the row; ``w' / sum(w')``. The ``k`` largest weights stay positive (ties aside) and
@@ -114,9 +122,16 @@ def topk_softmax(scores: Tensor, k: int, dim: int = -1) -> Tensor:
     Shapes: any; ``scores.shape[dim]`` candidates per row.
     """
     _positive_int(k, "k")
+    if mode not in TOPK_MODES:
+        raise ValueError(f"mode must be one of {TOPK_MODES}, got {mode!r}")
     w = torch.softmax(scores, dim=dim)
     if scores.shape[dim] <= k:
         return w
+    if mode == "exact":
+        # the k largest, ties to the lowest index (a stable sort), renormalised
+        top = w.sort(dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+        kept = w * torch.zeros_like(w, dtype=torch.bool).scatter(dim, top, True)
+        return kept / kept.sum(dim, keepdim=True)
     threshold = w.topk(k + 1, dim=dim).values.narrow(dim, k, 1)  # the (k+1)-th largest
     sparse = (w - threshold).clamp_min(0)
     total = sparse.sum(dim, keepdim=True)
@@ -234,6 +249,10 @@ class NFMAttention(nn.Module):
         hidden_dim: width of ``W_o1`` (default ``value_dim``).
         batch_norm: batch norm before ``sigma``.
         activation: ``sigma``, ``"relu"`` (the paper's) or ``"gelu"``.
+        topk_mode: :func:`topk_softmax`'s ``mode``: ``"sab"`` (SAB's formula) or ``"exact"``.
+        source_dims: channels of each module's state; when given, this module projects every
+            state it reads with its own ``W_k``, ``W_v`` for the module that wrote it
+            (:meth:`project`, §3.2.1), instead of reading the writer's (:meth:`write`).
 
     Shapes: state ``(B, dim, *size)``; memory a list of ``(keys, values)`` from :meth:`write`,
     ``(B, key_dim, *size_j)`` and ``(B, value_dim, *size_j)`` with the same number of spatial
@@ -244,7 +263,8 @@ class NFMAttention(nn.Module):
     def __init__(self, dim: int, memory_dim: int | None = None, key_dim: int = 16,
                  value_dim: int = 16, num_heads: int = 4, top_k: int = 5,
                  hidden_dim: int | None = None, batch_norm: bool = False,
-                 activation: str = "relu"):  # fmt: skip
+                 activation: str = "relu", topk_mode: str = "sab",
+                 source_dims: Sequence[int] | None = None):  # fmt: skip
         super().__init__()
         memory_dim = dim if memory_dim is None else memory_dim
         hidden_dim = value_dim if hidden_dim is None else hidden_dim
@@ -259,19 +279,33 @@ class NFMAttention(nn.Module):
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         if not isinstance(batch_norm, bool):
             raise TypeError(f"batch_norm must be a bool, got {type(batch_norm).__name__}")
+        if topk_mode not in TOPK_MODES:
+            raise ValueError(f"topk_mode must be one of {TOPK_MODES}, got {topk_mode!r}")
+        self.topk_mode = topk_mode
         self.dim, self.memory_dim, self.hidden_dim = dim, memory_dim, hidden_dim
         self.key_dim, self.value_dim = key_dim, value_dim
         self.num_heads, self.top_k = num_heads, top_k
         # No biases: with them the default slot's zero key and value would not stay zero, and a
         # module that reads nothing would still add something to its input.
         self.query = nn.Linear(dim, key_dim, bias=False)
-        self.key = nn.Linear(memory_dim, key_dim, bias=False)
-        self.value = nn.Linear(memory_dim, value_dim, bias=False)
+        # the writer's projections of the state this module writes (unused, so absent, when
+        # readers project: source_dims)
+        self.key = nn.Linear(memory_dim, key_dim, bias=False) if source_dims is None else None
+        self.value = nn.Linear(memory_dim, value_dim, bias=False) if source_dims is None else None
         self.out1 = nn.Linear(value_dim, hidden_dim, bias=False)
         self.norm = nn.BatchNorm1d(hidden_dim) if batch_norm else None
         self.act = nn.ReLU() if activation == "relu" else nn.GELU()
         self.out2 = nn.Linear(hidden_dim, dim, bias=False)
         self.gamma = nn.Parameter(torch.zeros(()))  # SAGAN's gate: NFM starts as the identity
+        # NFM §3.2.1 read literally: the *reading* module's own W_k, W_v, one pair per source
+        # (sources differ in channels); see :meth:`project`
+        self.source_keys = self.source_values = None
+        if source_dims is not None:
+            source_dims = [_positive_int(c, "source_dims") for c in source_dims]
+            self.source_keys = nn.ModuleList(nn.Linear(c, key_dim, bias=False) for c in source_dims)
+            self.source_values = nn.ModuleList(
+                nn.Linear(c, value_dim, bias=False) for c in source_dims
+            )
 
     @staticmethod
     def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -282,11 +316,23 @@ class NFMAttention(nn.Module):
     def write(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a state this module wrote: ``(B, key_dim, *size)``,
         ``(B, value_dim, *size)``. Projected before rescaling, once per state."""
+        if self.key is None:
+            raise ValueError("write is for writer-side projections; with source_dims use project")
         if _tensor(state, "state").dim() < 2 or state.shape[1] != self.memory_dim:
             raise ValueError(
                 f"state must be (batch, memory_dim={self.memory_dim}, *size), got {tuple(state.shape)}"
             )
         return self._linear(self.key, state), self._linear(self.value, state)
+
+    def project(self, source: int, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value of a state written by module ``source``, through *this* (reading)
+        module's projections for that source (needs ``source_dims``)."""
+        if self.source_keys is None:
+            raise ValueError("project needs source_dims: this module reads with the writers' keys")
+        if not 0 <= source < len(self.source_keys):
+            raise ValueError(f"source must be in [0, {len(self.source_keys)}), got {source}")
+        return (self._linear(self.source_keys[source], state),
+                self._linear(self.source_values[source], state))  # fmt: skip
 
     def _attend(
         self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]]
@@ -316,7 +362,9 @@ class NFMAttention(nn.Module):
         # a product-and-sum over d_head: short contractions beat many tiny matmuls
         scores = (q * keys).sum(3)  # (B, S, H, T)
         default = scores.new_zeros(B, 1, H, T)  # the default slot: q . 0 = 0
-        w = topk_softmax(torch.cat([default, scores], 1), self.top_k, dim=1)  # (B, 1+S, H, T)
+        w = topk_softmax(
+            torch.cat([default, scores], 1), self.top_k, 1, self.topk_mode
+        )  # (B, 1+S, H, T)
         # the default slot's value is 0: only the real candidates contribute
         A = (w[:, 1:, :, None] * values).sum(1)  # (B, H, dv, T)
         return A.reshape(B, self.value_dim, T), w
@@ -370,6 +418,9 @@ class NFMOutput:
 
 
 PLACEMENTS = ("before", "after")
+#: Whose W_k, W_v project a state for a read: the module that wrote it (computed once), or the
+#: module that reads it (NFM §3.2.1: one pair per reader and source).
+PROJECTIONS = ("writer", "reader")
 
 
 class NFMNetwork(nn.Module):
@@ -393,6 +444,9 @@ class NFMNetwork(nn.Module):
             pass (Algorithm 1), each pass starting as a copy of ``blocks``.
         share_attention: likewise for the attention parameters (new ones are initialised
             independently, all with ``gamma = 0``).
+        projections: ``"writer"``: a state's key and value come from the module that wrote it,
+            computed once; ``"reader"``: each reading module projects each state with its own
+            ``W_k``, ``W_v`` for the state's writer (NFM §3.2.1), at every read.
         **attention: :class:`NFMAttention` arguments (``key_dim``, ``value_dim``, ``num_heads``,
             ``top_k``, ``hidden_dim``, ``batch_norm``, ``activation``).
 
@@ -401,7 +455,8 @@ class NFMNetwork(nn.Module):
 
     def __init__(self, blocks: Sequence[nn.Module], dims: Sequence[int], passes: int = 2,
                  placement: str = "before", share_blocks: bool = False,
-                 share_attention: bool = False, **attention):  # fmt: skip
+                 share_attention: bool = False, projections: str = "writer",
+                 **attention):  # fmt: skip
         super().__init__()
         blocks = list(blocks)
         if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
@@ -418,9 +473,12 @@ class NFMNetwork(nn.Module):
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         unknown = set(attention) - {"key_dim", "value_dim", "num_heads", "top_k", "hidden_dim",
-                                    "batch_norm", "activation"}  # fmt: skip
+                                    "batch_norm", "activation", "topk_mode"}  # fmt: skip
         if unknown:
             raise ValueError(f"unknown NFMAttention arguments {sorted(unknown)}")
+        if projections not in PROJECTIONS:
+            raise ValueError(f"projections must be one of {PROJECTIONS}, got {projections!r}")
+        self.projections = projections
         self.num_blocks, self.passes, self.dims = len(blocks), passes, dims
         self.placement = placement
         self.share_blocks, self.share_attention = share_blocks, share_attention
@@ -434,9 +492,11 @@ class NFMNetwork(nn.Module):
         # module i reads with h(i-1) ("before") or f_i(h(i-1)) ("after") and writes h(i)
         query_dims = dims[:-1] if placement == "before" else dims[1:]
         n_attn_sets = 1 if share_attention else passes
+        sources = list(dims[1:]) if projections == "reader" else None
         self.attention = nn.ModuleList(
             nn.ModuleList(
-                NFMAttention(query_dims[i], dims[i + 1], **attention) for i in range(len(blocks))
+                NFMAttention(query_dims[i], dims[i + 1], source_dims=sources, **attention)
+                for i in range(len(blocks))
             )
             for _ in range(n_attn_sets)
         )
@@ -462,17 +522,18 @@ class NFMNetwork(nn.Module):
         if _tensor(x, "x").dim() < 2 or x.shape[1] != self.dims[0]:
             raise ValueError(f"x must be (batch, {self.dims[0]}, *size), got {tuple(x.shape)}")
         N = self.num_blocks
-        memory: list[tuple[Tensor, Tensor]] = []
+        memory: list[tuple] = []  # (key, value) per state, or (state, writer) with "reader"
         sizes: list[tuple[int, ...]] = []
         states: list[list[Tensor]] = []
         sources, candidates, reads = [], [], []
 
         def read(attn: NFMAttention, h: Tensor) -> Tensor:
+            kv = memory if self.projections == "writer" else [attn.project(j, s) for s, j in memory]
             if not return_details:
-                return attn(h, memory)
+                return attn(h, kv)
             size = tuple(h.shape[2:])
             counts = [num_candidates(s, size) for s in sizes]
-            r, w = attn(h, memory, return_weights=True)
+            r, w = attn(h, kv, return_weights=True)
             # weight on each source: the default, then each state's candidates summed
             per_source = torch.stack([c.sum(-1) for c in w.split([1, *counts], -1)], -1)
             row = torch.zeros(1 + K * N, device=w.device)
@@ -497,7 +558,8 @@ class NFMNetwork(nn.Module):
                 if self.placement == "after":
                     h = read(attn, h)
                 if k < K - 1 or i < N - 1:  # (no one reads the very last state)
-                    memory.append(attn.write(h))  # line 12: M.append(h(i))
+                    # line 12: M.append(h(i)), projected by its writer, or kept for the readers
+                    memory.append(attn.write(h) if self.projections == "writer" else (h, i))
                 sizes.append(tuple(h.shape[2:]))
                 states[-1].append(h)
         if not return_details:

@@ -1,5 +1,6 @@
 """Neural Function Modules (NFM §3): sparse top-k reads, rescaling, Algorithm 1 and gamma = 0."""
 
+import copy
 import math
 
 import pytest
@@ -53,6 +54,31 @@ def test_topk_softmax_along_a_dim_and_tied_rows():
     assert torch.equal(out, F.one_hot(torch.zeros(2, dtype=torch.long), 6).float())
     with pytest.raises(ValueError, match="k must be"):
         topk_softmax(scores, 0)
+
+
+def test_exact_topk_keeps_exactly_k_on_ties_lowest_index_first():
+    # scores with ties across the k-th place: SAB's threshold drops the tied k-th weight
+    scores = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    exact = topk_softmax(scores, 2, mode="exact")
+    assert ((exact > 0).sum(-1) == 2).all()
+    assert exact[0, :2].gt(0).all() and exact[0, 2:].eq(0).all()  # the tie goes to index 1
+    assert exact[1, :2].gt(0).all() and exact[1, 2:].eq(0).all()
+    torch.testing.assert_close(exact[0, :2], torch.softmax(scores[0, :2], -1))
+    torch.testing.assert_close(exact[1], torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0]))
+    sab = topk_softmax(scores, 2)
+    assert (sab[0] > 0).sum() == 1  # SAB: the k-th weight ties the (k+1)-th and is dropped
+    # without ties the two modes keep the same k arguments
+    rand = torch.randn(100, 9)
+    for k in (1, 3, 8):
+        e, s_ = topk_softmax(rand, k, mode="exact"), topk_softmax(rand, k)
+        assert torch.equal(e > 0, s_ > 0) and ((e > 0).sum(-1) == k).all()
+        torch.testing.assert_close(e.sum(-1), torch.ones(100))
+    torch.testing.assert_close(  # along another dim, too
+        topk_softmax(rand.view(100, 9, 1), 3, dim=1, mode="exact")[..., 0],
+        topk_softmax(rand, 3, mode="exact"),
+    )
+    with pytest.raises(ValueError, match="mode"):
+        topk_softmax(rand, 2, mode="sparsemax")
 
 
 # ----------------------------------------------------------------------------- rescaling
@@ -441,3 +467,61 @@ def test_bad_inputs_name_the_argument():
         net(torch.randn(2, 4, 16))
     with pytest.raises(ValueError, match="dims says"):
         NFMNetwork(conv_blocks(), (3, 4, 5, 7))(torch.randn(2, 3, 16))
+
+
+# ----------------------------------------------------------------------------- reader-side projections
+
+
+def _open_gates(net: NFMNetwork) -> None:
+    with torch.no_grad():
+        for attn in net.modules():
+            if isinstance(attn, NFMAttention):
+                attn.gamma.fill_(0.7)
+
+
+def test_reader_projections_equal_the_writers_when_copied_from_them():
+    # NFM §3.2.1: each reading module has its own W_k, W_v per source. Given the writers'
+    # weights, the reads (and so the output) are those of writer-side projections.
+    torch.manual_seed(0)
+    dims = (3, 4, 5, 6)
+    writer = NFMNetwork(conv_blocks(dims), dims, passes=2, share_attention=True, top_k=2)
+    _open_gates(writer)
+    reader = NFMNetwork(copy.deepcopy(conv_blocks(dims)), dims, passes=2, share_attention=True,
+                        projections="reader", top_k=2)  # fmt: skip
+    reader.blocks.load_state_dict(writer.blocks.state_dict())
+    with torch.no_grad():
+        for i, r in enumerate(reader.attention[0]):
+            w = writer.attention[0][i]
+            r.gamma.copy_(w.gamma)
+            for name in ("query", "out1", "out2"):
+                getattr(r, name).weight.copy_(getattr(w, name).weight)
+            for j in range(len(dims) - 1):  # reader i's projection of source j = writer j's
+                r.source_keys[j].weight.copy_(writer.attention[0][j].key.weight)
+                r.source_values[j].weight.copy_(writer.attention[0][j].value.weight)
+    assert reader.attention[0][0].key is None  # readers project: no writer-side weights
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(reader(x), writer(x))
+    with pytest.raises(ValueError, match="project"):
+        reader.attention[0][0].write(torch.randn(2, 4, 8))
+
+
+def test_each_reader_has_its_own_projection_of_a_source():
+    torch.manual_seed(1)
+    dims = (3, 4, 5, 6)
+    net = NFMNetwork(conv_blocks(dims), dims, passes=2, projections="reader", top_k=2)
+    _open_gates(net)
+    x = torch.randn(2, 3, 16)
+    net(x).square().sum().backward()
+    first, last = net.attn(1, 0), net.attn(1, 2)  # pass 2: modules 1 and 3 both read h(1), h(2)
+    assert [lin.in_features for lin in first.source_keys] == [4, 5, 6]  # one per source
+    for attn in (first, last):
+        assert attn.source_keys[0].weight.grad.abs().sum() > 0  # each reader's own W_k learns
+    assert first.source_keys[0] is not last.source_keys[0]
+    with torch.no_grad():  # changing one reader's projection changes only what it reads
+        h = torch.randn(2, 4, 8)
+        before = last.project(0, h)
+        first.source_keys[0].weight.add_(1.0)
+        torch.testing.assert_close(last.project(0, h), before)
+        assert not torch.allclose(first.project(0, h)[0], before[0])
+    with pytest.raises(ValueError, match="projections"):
+        NFMNetwork(conv_blocks(dims), dims, projections="both")
