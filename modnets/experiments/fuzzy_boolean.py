@@ -394,8 +394,10 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
     """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
     ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
     ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
-    candidate's selection R^2 and routing, and every rate's selection R^2. Each trained
-    candidate is checkpointed (``fuzzy_boolean-sweep``, ``fuzzy_boolean-sweep-<regime>``)."""
+    candidate's selection R^2 and routing, and every rate's selection R^2. Candidates and their
+    finetunes are checkpointed like the experiment's own models (``fuzzy_boolean-pretrain``,
+    ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``): the chosen ones *are* that seed's
+    models, which :func:`trained_models` then loads."""
     sw, t = config.sweep, config.train
     if sw is None:
         return t, {}
