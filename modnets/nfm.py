@@ -509,6 +509,12 @@ class NFMNetwork(nn.Module):
         """``Attention_i`` of pass ``k`` (0-based)."""
         return self.attention[0 if self.share_attention else k][i]
 
+    def gammas(self) -> list[float]:
+        """``gamma`` of every read, pass-major (``K N`` values; with shared attention each pass
+        repeats the same ``N``): how far each module's reads have opened."""
+        return [self.attn(k, i).gamma.item() for k in range(self.passes)
+                for i in range(self.num_blocks)]  # fmt: skip
+
     def memory_sizes(self, passes: int | None = None) -> list[int]:
         """How many memory states each read can attend to (default slot aside), in order:
         ``(k - 1) N + (i - 1)`` at module ``i`` of pass ``k``."""

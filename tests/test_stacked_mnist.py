@@ -304,3 +304,18 @@ def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
     assert [c["id"] for c in results["claims"]] == ["table5-2", "table5-4", "table5-5"]
     for name in ("CNN", "NFM(CNN)"):
         assert [r["seed"] for r in results["models"][name]["per_seed"]] == [0, 1]
+
+
+def test_training_history_tracks_each_reads_gamma(env):
+    data = sm.training_data(TINY.train, verify=False)
+    nfm, history = sm.trained_model("nfm", TINY, 0, data, "cpu", show_progress=False, verify=False)
+    net = nfm.nfm
+    gammas = history["val_gamma"]
+    assert len(gammas) == len(history["epoch"])  # one list per epoch
+    assert all(len(g) == net.passes * net.num_blocks for g in gammas)  # one gamma per read
+    best = gammas[history["best_epoch"] - 1]  # the model is its best validation epoch's
+    assert best == net.gammas() and any(abs(v) > 0 for v in best)  # and its gates moved
+    assert net.gammas()[1] == net.attn(0, 1).gamma.item()  # pass-major order
+    _, cnn_history = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False,
+                                      verify=False)  # fmt: skip
+    assert "val_gamma" not in cnn_history

@@ -308,8 +308,12 @@ def train(model: nn.Module, data: dict, optim: TrainConfig, seed: int = 0,
         ds = train_sets[c]
         return loss(net, _inputs(ds.images[idx], device), ds.targets[idx].to(device))
 
+    def val(m):  # the validation accuracy, and the NFM's gamma per read (issue #18)
+        nfm = m.nfm if isinstance(m, ConvNet) else None
+        return {"acc": _val_accuracy(m, val_sets), **({"gamma": nfm.gammas()} if nfm else {})}
+
     return fit(model, step, optim, batches=batches, desc=desc, show_progress=show_progress,
-               evaluate=lambda m: {"acc": _val_accuracy(m, val_sets)}, seed=seed,
+               evaluate=val, seed=seed,
                state_path=state_path, resume=resume, state_config={"stage": desc},
                find_unused_parameters=True)  # fmt: skip
 
