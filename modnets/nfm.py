@@ -128,9 +128,12 @@ def topk_softmax(scores: Tensor, k: int, dim: int = -1, mode: str = "sab") -> Te
     if scores.shape[dim] <= k:
         return w
     if mode == "exact":
-        # the k largest, ties to the lowest index (a stable sort), renormalised
-        top = w.sort(dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
-        kept = w * torch.zeros_like(w, dtype=torch.bool).scatter(dim, top, True)
+        # the k largest, ties to the lowest index (what a stable sort keeps), renormalised:
+        # everything above the k-th largest weight, then the first of those equal to it
+        kth = w.topk(k, dim=dim).values.narrow(dim, k - 1, 1)
+        above, tied = w > kth, w == kth
+        room = k - above.sum(dim, keepdim=True)
+        kept = w * (above | (tied & (tied.cumsum(dim) <= room)))
         return kept / kept.sum(dim, keepdim=True)
     threshold = w.topk(k + 1, dim=dim).values.narrow(dim, k, 1)  # the (k+1)-th largest
     sparse = (w - threshold).clamp_min(0)

@@ -77,6 +77,17 @@ def test_exact_topk_keeps_exactly_k_on_ties_lowest_index_first():
         topk_softmax(rand.view(100, 9, 1), 3, dim=1, mode="exact")[..., 0],
         topk_softmax(rand, 3, mode="exact"),
     )
+    # many ties: the same k as a stable sort (lowest index first), along either dim
+    tied = torch.randint(0, 3, (500, 9)).float()
+    for k in (1, 2, 4, 8):
+        top = tied.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+        mask = torch.zeros_like(tied, dtype=torch.bool).scatter(-1, top, True)
+        for dim in (-1, 1):
+            x = tied if dim == -1 else tied.T.unsqueeze(0)
+            e = topk_softmax(x, k, dim=dim, mode="exact")
+            e = e if dim == -1 else e[0].T
+            assert torch.equal(e > 0, mask)
+            torch.testing.assert_close(e.sum(-1), torch.ones(500))
     with pytest.raises(ValueError, match="mode"):
         topk_softmax(rand, 2, mode="sparsemax")
 

@@ -87,9 +87,13 @@ TINY = dataclasses.replace(
     SMOKE,
     train=dataclasses.replace(SMOKE.train, train_per_count=16, val_per_count=8, val_images=100,
                               width=2, optim=dataclasses.replace(SMOKE.train.optim, epochs=2,
-                                                                 batch_size=8)),
-    test_per_count=8, read_canvases=8, probe_canvases=4,
+                                                                 batch_size=8),
+                              finetune_epochs=0),
+    test_per_count=8, read_canvases=8, probe_canvases=4, dip_pools=(),
 )  # fmt: skip
+# the cpu profile's protocol: the CNN first, then both models from it; the max head beside
+TINY_FT = dataclasses.replace(TINY, train=dataclasses.replace(TINY.train, finetune_epochs=1),
+                              dip_pools=("max",))  # fmt: skip
 
 
 @pytest.fixture
@@ -289,12 +293,13 @@ def test_claims_compute_every_verdict_from_made_up_results():
     flat["config"]["test_counts"] = [1, 2, 3]
     (c2,) = sm.claims(flat)
     assert c2.verdict == "inconclusive" and c2.reason.startswith("nothing for NFM to close")
+    assert "above the geometric mean" in c2.reason and "no dip" in c2.reason
     # a dip smaller than the CNN's seed spread does not count either
     noisy = _made_up({"CNN": {1: [0.99] * 3, 2: [0.70, 0.99, 0.90], 3: [0.88] * 3},
                       "NFM(CNN)": {1: [0.99] * 3, 2: [0.99] * 3, 3: [0.88] * 3}})  # fmt: skip
     noisy["config"]["test_counts"] = [1, 2, 3]
     (c2,) = sm.claims(noisy)
-    assert c2.verdict == "inconclusive" and "seed sd" in c2.reason
+    assert c2.verdict == "inconclusive" and "seed sd" in c2.reason and "falls" in c2.reason
     assert claims["table5-2"].paper == "88.36 vs 76.70"
     assert claims["table5-2"].source == "NFM Table 5"
     assert claims["table5-2"].text == "NFM(CNN) beats the CNN on 2 digits (never trained on)"
@@ -336,3 +341,62 @@ def test_training_history_tracks_each_reads_gamma(env):
     _, cnn_history = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False,
                                       verify=False)  # fmt: skip
     assert "val_gamma" not in cnn_history
+
+
+def test_convergence_gain_is_the_rise_of_the_best_over_the_last_fifth():
+    assert sm.convergence_gain([0.1, 0.5, 0.6, 0.6, 0.62]) == pytest.approx(0.02)  # last 1 of 5
+    assert sm.convergence_gain([0.1, 0.5, 0.7, 0.6, 0.62]) == 0.0  # the best came earlier
+    ten = [0.1, 0.3, 0.5, 0.6, 0.65, 0.7, 0.7, 0.7, 0.75, 0.9]
+    assert sm.convergence_gain(ten) == pytest.approx(0.2)  # last 2 of 10: 0.9 over 0.7
+    assert sm.convergence_gain([0.4]) == 0.0
+    with pytest.raises(ValueError, match="tail"):
+        sm.convergence_gain(ten, tail=1.0)
+
+
+def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch):
+    """With finetune_epochs, the CNN is trained once per seed; the CNN and NFM(CNN) then go on
+    from its weights, both computing exactly the pretrained CNN's function at the start."""
+    x = sm._inputs(torch.randint(0, 256, (3, 1, 64, 64), dtype=torch.uint8), "cpu")
+    starts, real_train = [], sm.train
+
+    def recording(model, data, optim, *args, **kwargs):
+        with torch.no_grad():
+            starts.append((optim.epochs, model.nfm is not None, model.eval()(x)))
+        history = real_train(model, data, optim, *args, **kwargs)
+        with torch.no_grad():
+            starts.append(("end", model.nfm is not None, model.eval()(x)))
+        return history
+
+    monkeypatch.setattr(sm, "train", recording)
+    data = sm.training_data(TINY_FT.train, verify=False)
+    nfm, hist = sm.trained_model("nfm", TINY_FT, 0, data, "cpu", show_progress=False,
+                                 verify=False)  # fmt: skip
+    cnn, cnn_hist = sm.trained_model("cnn", TINY_FT, 0, data, "cpu", show_progress=False,
+                                     verify=False)  # fmt: skip
+    # pretraining (2 epochs) once, then the two finetunings (1 epoch each) from its end
+    assert [(e, n) for e, n, _ in starts] == [(2, False), ("end", False), (1, True),
+                                              ("end", True), (1, False), ("end", False)]  # fmt: skip
+    pretrained = starts[1][2]
+    torch.testing.assert_close(starts[2][2], pretrained, rtol=0, atol=1e-6)  # gamma = 0
+    torch.testing.assert_close(starts[4][2], pretrained, rtol=0, atol=0)
+    assert not torch.allclose(starts[3][2], pretrained)  # finetuning changed NFM(CNN)
+    assert hist["pretrain"] == cnn_hist["pretrain"] and len(hist["pretrain"]["val_acc"]) == 2
+    assert hist["epoch"] == [1] and "val_gamma" in hist and "val_gamma" not in cnn_hist
+    assert nfm.nfm.attention[0][0].source_keys is not None  # reader-side projections (§3.2.1)
+    assert cnn.pool == "flatten"
+
+
+def test_the_max_head_is_trained_beside_for_the_dip(env):
+    res = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False)
+    heads = res["diagnostics"]["per_seed"][0]["heads"]
+    assert set(heads) == {"flatten", "max"}
+    cnn = res["models"]["CNN"]["per_seed"][0]["test"]
+    assert heads["flatten"]["test"] == {c: r["exact"] for c, r in cnn.items()}
+    assert set(heads["max"]["ood_dip"]) == {"2", "4"} and set(heads["max"]["convergence"]) == {
+        "pretrain",
+        "finetune",
+    }
+    assert set(res["diagnostics"]["head_dips"]) == {"flatten", "max"}
+    files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
+    # per seed: one CNN pretraining per head, the two finetuned models, the max head's CNN
+    assert len(files) == 2 * 5 and sum("-finetuned_" in f for f in files) == 2 * 3

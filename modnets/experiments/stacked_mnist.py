@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +59,7 @@ __all__ = [
     "evaluate",
     "read_matrix",
     "ood_dips",
+    "convergence_gain",
     "trained_model",
     "run",
     "claims",
@@ -121,9 +122,22 @@ class StackedMNISTTrain:
     """Everything that determines the trained models (hashed whole into the checkpoint key).
     ``gpu`` follows App. C (width 32 -> 512 channels, Adam 1e-3, 300 epochs; the number of
     canvases and the batch size are not given: 30k canvases per digit count, batch 64). App. C
-    does not say how the final 4x4 map becomes ten outputs; ``pool="max"`` (global max pooling,
-    then a linear layer: "is this digit anywhere?") learns much sooner than flattening, which is
-    available as ``pool="flatten"``.
+    does not say how the final 4x4 map becomes ten outputs; ``pool="flatten"`` (a linear layer
+    on the flattened map, the plain reading of a CNN with a multi-label linear head) is the
+    default (issue #18); ``"max"`` (global max pooling, then a linear layer: "is this digit
+    anywhere?") is invariant to the number of digits, and the experiment trains it beside the
+    flattened head for the dip diagnostic (:attr:`StackedMNISTConfig.dip_pools`).
+
+    NFM reads as in §3.2.1: each reading module projects every state with its own ``W_k``,
+    ``W_v`` (``projections="reader"``), and the top-k keeps exactly ``k`` arguments
+    (``topk_mode="exact"``; SAB's formula drops a k-th weight tied with the (k+1)-th).
+
+    ``finetune_epochs``: 0 trains both models from scratch for ``optim.epochs`` (App. C). A
+    positive number trains the CNN for ``optim.epochs`` once per seed, then both models go on
+    from it for ``finetune_epochs`` more epochs (a fresh optimiser, the same batches): the CNN
+    as it is, NFM(CNN) with NFM added (``gamma = 0``, so it starts as the same function). The
+    two then differ only by the NFM path, at the same training budget; the ``cpu`` profile does
+    this because NFM's steps cost about nine of the CNN's.
 
     ``optim``: Adam at 1e-3 with a constant rate (App. C); no gradient clipping (App. C states
     none, and the experiment never clipped); bf16 autocast on CUDA as before; ``best="acc"``
@@ -136,7 +150,7 @@ class StackedMNISTTrain:
     data_seed: int = 0  # the canvases (train, validation and test): the same for every seed
     width: int = 32
     block: str = "plain"
-    pool: str = "max"
+    pool: str = "flatten"
     passes: int = 2
     top_k: int = 5
     num_heads: int = 4
@@ -144,21 +158,32 @@ class StackedMNISTTrain:
     value_dim: int = 16
     placement: str = "after"
     share_blocks: bool = False
+    projections: str = "reader"
+    topk_mode: str = "exact"
     optim: TrainConfig = _optim(epochs=300, batch_size=64)  # both models alike
+    finetune_epochs: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
+            raise ValueError(f"finetune_epochs must be an int >= 0, got {self.finetune_epochs!r}")
 
     def nfm(self) -> dict:
         """:class:`modnets.nfm.NFMNetwork` arguments."""
         return dict(passes=self.passes, top_k=self.top_k, num_heads=self.num_heads,
                     key_dim=self.key_dim, value_dim=self.value_dim, placement=self.placement,
-                    share_blocks=self.share_blocks)  # fmt: skip
+                    share_blocks=self.share_blocks, projections=self.projections,
+                    topk_mode=self.topk_mode)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class StackedMNISTConfig:
-    """One run: what is trained (``train``), from which ``seeds``, and the analysis sizes."""
+    """One run: what is trained (``train``), from which ``seeds``, and the analysis sizes.
+    ``dip_pools``: other heads whose plain CNN is trained too (the same protocol and seeds), for
+    the dip diagnostic alone."""
 
     train: StackedMNISTTrain = StackedMNISTTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
+    dip_pools: tuple[str, ...] = ("max",)
     test_counts: tuple[int, ...] = (1, 2, 3, 4, 5)
     test_per_count: int = 5_000
     eval_batch: int = 256
@@ -169,18 +194,18 @@ class StackedMNISTConfig:
 CONFIGS = {
     "smoke": StackedMNISTConfig(
         StackedMNISTTrain(train_per_count=48, val_per_count=16, val_images=500, width=4,
-                          optim=_optim(1, 16)),
+                          optim=_optim(1, 16), finetune_epochs=1),
         seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # Chapter 11 cold at this profile: 9.3 minutes (two runs) on two quiet CPU cores, three seeds of both
-    # models (measured in `make book`, 2026-11-23). A quarter of App. C's width (8 -> 128
-    # channels), 4,000 canvases per training count (shrunk from 7,500 to fit three seeds), 4
-    # epochs instead of 300, batches of 16 (the plain CNN without batch norm needs many steps
-    # before it starts to learn, so small batches help more than width), 400 validation canvases
-    # per count.
+    # Chapter 11 cold at this profile: 20.6 minutes on two quiet CPU cores (2026-11-24, issue
+    # #18), three seeds. A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per
+    # training count, batches of 16 (the plain CNN without batch norm needs many steps before
+    # it starts to learn), 15 epochs of the CNN (the chapter checks, run by run, whether its
+    # best validation accuracy has stopped rising), then 2 epochs of both models from it
+    # (``finetune_epochs``), and the max-pooled CNN alike for the dip diagnostic.
     "cpu": StackedMNISTConfig(
-        StackedMNISTTrain(train_per_count=4_000, val_per_count=400, width=8,
-                          optim=_optim(4, 16)),
+        StackedMNISTTrain(train_per_count=6_000, val_per_count=1_000, width=8,
+                          optim=_optim(15, 16), finetune_epochs=2),
         seeds=(0, 1, 2), test_per_count=1_000, read_canvases=256, probe_canvases=64,
     ),
     "gpu": StackedMNISTConfig(),
@@ -329,20 +354,64 @@ def trained_model(kind: str, config: StackedMNISTConfig, seed: int, data: dict |
                   resume: bool = False, root=None, verify: bool = True) -> tuple[ConvNet, dict]:  # fmt: skip
     """``kind`` ("cnn" or "nfm") trained from ``seed``, and its history: loaded from its
     checkpoint or trained (:func:`harness.load_or_train`). ``data`` holds the training and
-    validation canvases (:func:`training_data`; loaded when not given)."""
+    validation canvases (:func:`training_data`; loaded when not given).
+
+    With ``finetune_epochs`` (see :class:`StackedMNISTTrain`) the CNN is first trained for
+    ``optim.epochs`` (its own checkpoint, shared by both kinds), then ``kind`` goes on from it;
+    the pretraining's history is kept in the returned history as ``"pretrain"``."""
     if kind not in MODELS:
         raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
     t = config.train
     data = training_data(t, root, verify) if data is None else data
     device = device or default_device()
+    fingerprint = harness.data_fingerprint(*_mnist_files(root, "train"))
 
-    def fit_it(model, state_path, resume):
-        return train(model, data, t.optim, seed, f"{MODELS[kind]} (seed {seed})", show_progress,
-                     state_path, resume)  # fmt: skip
+    def fit_with(optim: TrainConfig, desc: str):
+        def fit_it(model, state_path, resume):
+            return train(model, data, optim, seed, desc, show_progress, state_path, resume)
 
-    return load_or_train(f"{NAME}-{kind}", t, seed, lambda: build_model(kind, t), fit_it,
-                         code=TRAIN_CODE, data=harness.data_fingerprint(*_mnist_files(root, "train")),
-                         device=device, cache=cache, resume=resume)  # fmt: skip
+        return fit_it
+
+    if not t.finetune_epochs:
+        return load_or_train(f"{NAME}-{kind}", t, seed, lambda: build_model(kind, t),
+                             fit_with(t.optim, f"{MODELS[kind]} (seed {seed})"), code=TRAIN_CODE,
+                             data=fingerprint, device=device, cache=cache, resume=resume)  # fmt: skip
+    # the CNN's pretraining: keyed without what only the finetuning uses
+    pre_t = replace(t, finetune_epochs=0, **{f: getattr(StackedMNISTTrain, f) for f in _NFM_ONLY})
+    cnn, pre_hist = load_or_train(f"{NAME}-cnn", pre_t, seed, lambda: build_model("cnn", pre_t),
+                                  fit_with(t.optim, f"CNN (seed {seed})"), code=TRAIN_CODE,
+                                  data=fingerprint, device=device, cache=cache, resume=resume)  # fmt: skip
+    weights = {k: v.detach().clone() for k, v in cnn.state_dict().items()}
+
+    def build() -> ConvNet:
+        model = build_model("cnn", t)
+        model.load_state_dict(weights)
+        return model if kind == "cnn" else model.with_nfm(**t.nfm())
+
+    optim = replace(t.optim, epochs=t.finetune_epochs)
+    model, hist = load_or_train(f"{NAME}-{kind}-finetuned", t, seed, build,
+                                fit_with(optim, f"{MODELS[kind]}, finetuning (seed {seed})"),
+                                code=TRAIN_CODE, data=fingerprint, device=device, cache=cache,
+                                resume=resume)  # fmt: skip
+    return model, {**hist, "pretrain": pre_hist}
+
+
+#: :class:`StackedMNISTTrain` fields that only NFM(CNN) uses (the CNN's checkpoint ignores them).
+_NFM_ONLY = ("passes", "top_k", "num_heads", "key_dim", "value_dim", "placement", "share_blocks",
+             "projections", "topk_mode")  # fmt: skip
+
+
+def convergence_gain(val: list[float], tail: float = 0.2) -> float:
+    """How much the best validation accuracy rose over the last ``tail`` of the epochs:
+    ``max(val) - max(val[:-n])`` with ``n = max(1, round(tail * len(val)))`` (issue #18 calls a
+    run converged when this is below 1 point). 0 for fewer than two epochs."""
+    if not 0 < tail < 1:
+        raise ValueError(f"tail must be in (0, 1), got {tail}")
+    val = [float(v) for v in val]
+    if len(val) < 2:
+        return 0.0
+    n = max(1, round(tail * len(val)))
+    return max(val) - max(val[:-n])
 
 
 # ----------------------------------------------------------------------------- analyses
@@ -449,6 +518,23 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
                                        for c, ds in tests.items()}  # fmt: skip
                 diag["gamma"] = [[nfm.attn(k, i).gamma.item() for i in range(nfm.num_blocks)]
                                  for k in range(nfm.passes)]  # fmt: skip
+        diag["convergence"] = {name: _convergence(models[name]["per_seed"][-1]["history"])
+                               for name in MODELS.values()}  # fmt: skip
+        # the other heads' plain CNN, by the same protocol: only its dip is wanted
+        diag["heads"] = {
+            config.train.pool: {
+                "test": {c: r["exact"] for c, r in models["CNN"]["per_seed"][-1]["test"].items()},
+                "ood_dip": diag["ood_dip"]["CNN"],
+                "convergence": diag["convergence"]["CNN"],
+            }
+        }
+        for pool in config.dip_pools:
+            other = replace(config, train=replace(config.train, pool=pool))
+            model, history = trained_model("cnn", other, seed, data, device, show_progress,
+                                           cache, resume, root, verify)  # fmt: skip
+            test = {c: evaluate(model, ds, config.eval_batch)["exact"] for c, ds in tests.items()}
+            diag["heads"][pool] = {"test": test, "ood_dip": ood_dips(test, held),
+                                   "convergence": _convergence(history)}  # fmt: skip
         diag_per_seed.append(diag)
     for entry in models.values():
         runs = entry["per_seed"]
@@ -458,10 +544,25 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
     dips = {name: {c: seed_stats([d["ood_dip"][name][c] for d in diag_per_seed])
                    for c in diag_per_seed[0]["ood_dip"][name]}
             for name in MODELS.values()}  # fmt: skip
-    diags = {"per_seed": diag_per_seed, "ood_dip": dips}
+    heads = {pool: {c: seed_stats([d["heads"][pool]["ood_dip"][c] for d in diag_per_seed])
+                    for c in diag_per_seed[0]["heads"][pool]["ood_dip"]}
+             for pool in diag_per_seed[0]["heads"]}  # fmt: skip
+    diags = {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
     partial = {"config": asdict(config), "models": models}
     return harness.results_dict(NAME, profile, config, config.seeds, models, diags,
                                 claims(partial), harness.provenance(start, TRAIN_CODE))  # fmt: skip
+
+
+def _convergence(history: dict) -> dict:
+    """:func:`convergence_gain` of a training run: of its pretraining and its finetuning when
+    it was finetuned (both as ``{"gain", "epochs"}``), else of the run itself (``"train"``)."""
+    runs = (
+        {"pretrain": history["pretrain"], "finetune": history}
+        if "pretrain" in history
+        else {"train": history}
+    )
+    return {k: {"gain": convergence_gain(h["val_acc"]), "epochs": len(h["val_acc"])}
+            for k, h in runs.items()}  # fmt: skip
 
 
 def _paper(train_counts) -> dict | None:
@@ -482,9 +583,12 @@ def _dip_precondition(acc, c: int, tested) -> tuple[bool, str]:
     dips = [-ood_dips(a, [c])[c] for a in per_seed]
     spread = float(np.std(acc("CNN", c), ddof=1)) if len(dips) > 1 else 0.0
     mean = float(np.mean(dips))
-    return mean > spread, (f"nothing for NFM to close on {c} digits: the CNN falls "
-                           f"{mean:+.1%} below the geometric mean of its {c - 1}- and "
-                           f"{c + 1}-digit accuracies, within its seed sd of {spread:.1%}")  # fmt: skip
+    where = f"the geometric mean of its {c - 1}- and {c + 1}-digit accuracies"
+    if mean <= 0:
+        return False, (f"nothing for NFM to close on {c} digits: the CNN is {-mean:.1%} above "
+                       f"{where}, no dip")  # fmt: skip
+    return mean > spread, (f"nothing for NFM to close on {c} digits: the CNN falls {mean:.1%} "
+                           f"below {where}, within its seed sd of {spread:.1%}")  # fmt: skip
 
 
 def claims(results: dict) -> list:
@@ -520,8 +624,12 @@ def format_summary(results: dict) -> str:
     train_counts = tuple(int(c) for c in t["train_counts"])
     paper = _paper(train_counts) or {}
     seconds = results["provenance"]["wall_seconds"]
+    ft = t.get("finetune_epochs", 0)
+    epochs = f"{t['optim']['epochs']} epochs" + (
+        f" (CNN) + {ft} of each model from it" if ft else ""
+    )
     lines = [f"profile: {results['profile']}  ({seconds:.0f} s), trained on {train_counts} "
-             f"digits, width {t['width']}, {t['optim']['epochs']} epochs, "
+             f"digits, width {t['width']}, {epochs}, "
              f"{len(results['seeds'])} seeds (ours: mean ± sd over seeds)"]  # fmt: skip
     names = list(results["models"])
     lines.append(f"{'digits':>7} " + " ".join(f"{n:>14} {'(paper)':>8}" for n in names))
