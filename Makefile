@@ -33,13 +33,14 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book test unit nbval book-check lint format bench clean
+.PHONY: help install book publish test unit nbval book-check lint format bench clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
 	@echo "make test    unit tests + nbval on notebooks/ (smoke profile) + jupyter-book build -W"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run the benchmarks in bench/"
+	@echo "make publish push _build/html to the gh-pages branch (ghp-import; run make book first)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,12 @@ install: $(STAMP)
 book: install
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Book: $(abspath _build/html/index.html)"
+
+# By hand, what .github/workflows/book.yml does on every push to main: the built book onto the
+# gh-pages branch (GitHub Pages serves it; .nojekyll keeps Sphinx's _static folders).
+publish: install
+	test -f _build/html/index.html || { echo "no _build/html: run make book first" >&2; exit 1; }
+	$(BIN)/ghp-import --no-jekyll --push --force _build/html
 
 unit: install
 	$(BIN)/pytest tests

@@ -9,6 +9,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 __all__ = [
     "warmup_cosine",
     "minibatches",
+    "amp_dtype",
     "autocast",
     "trainable_parameters",
     "r2_score",
@@ -61,12 +63,26 @@ def minibatches(
         yield perm[start : start + batch_size]
 
 
-def autocast(device: torch.device | str):
-    """bfloat16 autocast on CUDA; a no-op context elsewhere."""
+def amp_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype of mixed precision on ``device``: bfloat16 on a CUDA GPU with native
+    bf16 (Ampere and later: A100, H100, L4), float16 on one without (Colab's default T4, V100),
+    where :func:`fit` adds a gradient scaler; None elsewhere (a CPU trains in float32). Emulated
+    bf16 does not count: on a T4 it runs at a fraction of fp16's speed."""
     device = torch.device(device)
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    if device.type != "cuda":
+        return None
+    return (
+        torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    )
+
+
+def autocast(device: torch.device | str):
+    """Autocast to :func:`amp_dtype` on CUDA; a no-op context elsewhere."""
+    device = torch.device(device)
+    dtype = amp_dtype(device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def trainable_parameters(module: nn.Module) -> int:
@@ -323,7 +339,8 @@ SCHEDULES = ("cosine", "constant")
 class TrainConfig:
     """How a model is optimised; everything :func:`fit` needs besides the model and the step.
 
-    ``clip_grad_norm`` (None: no clipping) and ``amp`` (bf16 autocast on CUDA) are explicit per
+    ``clip_grad_norm`` (None: no clipping) and ``amp`` (autocast on CUDA to :func:`amp_dtype`:
+    bf16, or fp16 with loss scaling on a GPU without bf16) are explicit per
     experiment. ``best`` names a validation metric (a key of what ``evaluate`` returns); when set,
     the weights of the epoch where it was highest are restored at the end (NFM App. C).
     """
@@ -466,6 +483,10 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     best = _Best()
     logged = _LogBuffer()
     objects = {"model": model, "optimizer": opt, "scheduler": sched, "best": best, "logged": logged}
+    # float16 autocast (a GPU without bf16) needs loss scaling; its scale is training state too
+    scaler = None
+    if config.amp and amp_dtype(device) == torch.float16:
+        scaler = objects["scaler"] = torch.amp.GradScaler(device.type)
     net = maybe_compile(distributed.wrap(model, find_unused_parameters=find_unused_parameters))
     log_every = max(1, total // config.log_points)
     start = time.perf_counter()
@@ -484,11 +505,24 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
                 with autocast(device) if config.amp else contextlib.nullcontext():
                     logs = _as_logs(step(net, batch))
                 opt.zero_grad(set_to_none=True)
-                logs["loss"].backward()
-                if config.clip_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
-                opt.step()
-                sched.step()
+                if scaler is None:
+                    logs["loss"].backward()
+                    if config.clip_grad_norm is not None:
+                        nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
+                    opt.step()
+                else:  # float16: scaled backward, clip the true gradient, skip steps with inf
+                    scaler.scale(logs["loss"]).backward()
+                    scaler.unscale_(opt)
+                    if config.clip_grad_norm is not None:
+                        nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
+                    scaler.step(opt)
+                    scaler.update()
+                if scaler is None:
+                    sched.step()
+                else:  # a step the scaler skipped (inf gradient) still counts for the schedule
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                        sched.step()
                 logged.add(logs)
                 done = loop.step + 1
                 if done % log_every == 0 or done == total:

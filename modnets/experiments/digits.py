@@ -47,7 +47,7 @@ from modnets.experiments.harness import fmt, load_or_train, seed_stats
 from modnets.experiments.results import save_results  # noqa: F401 (re-exported for the notebooks)
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import get_profile, select
-from modnets.training import TrainConfig, autocast, fit, minibatches, warmup_cosine
+from modnets.training import TrainConfig, amp_dtype, autocast, fit, minibatches, warmup_cosine
 from modnets.utils import default_device, progress, seed_everything
 
 __all__ = [
@@ -593,6 +593,8 @@ def adapt(pretrained: nn.Module, kmnist: dict, n: int, config: DigitsConfig, see
     steps = max(1, config.finetune_epochs * -(-n // config.finetune_batch_size))
     sched = warmup_cosine(opt, steps, 0)
     g = torch.Generator().manual_seed(seed)
+    # loss scaling under float16 autocast (a GPU without bf16); a pass-through otherwise
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype(device) == torch.float16)
     for _ in range(config.finetune_epochs):
         model.train()
         for b in minibatches(n, config.finetune_batch_size, g, drop_last=False):
@@ -600,8 +602,9 @@ def adapt(pretrained: nn.Module, kmnist: dict, n: int, config: DigitsConfig, see
                 logits = model(prep(x_train[b].to(device)))[:, 0].float()
             loss = F.cross_entropy(logits, y_train[b].to(device))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             sched.step()
     pred = predict(model, kmnist["x_eval"])[:, 0].argmax(-1)
     return (pred == kmnist["y_eval"]).float().mean().item()
