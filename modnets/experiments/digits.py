@@ -911,11 +911,20 @@ def dry_run(config: DigitsConfig) -> list[harness.DryRun]:
     y = torch.randint(0, cfg.num_outputs, (2,), generator=g)
     d = torch.tensor([0, len(t.datasets) - 1])
     prep = Preprocess(t.randaugment)
+    # the full training splits (SVHN, MNIST-M, MNIST) less the validation images, capped
+    n = sum(min(FULL_TRAIN_SIZES[name] - t.val_per_dataset, t.train_per_dataset or 10**9)
+            for name in t.datasets)  # fmt: skip
     return [
         harness.DryRun(f"{MODEL_NAMES[kind]} (pretraining)", BUILDERS[kind](t),
-                       lambda m: pretrain_loss(m, prep, x, y, d))
+                       lambda m: pretrain_loss(m, prep, x, y, d), samples=2,
+                       batch_size=t.train_config(kind).batch_size,
+                       steps=t.train_config(kind).epochs * (n // t.train_config(kind).batch_size))
         for kind in KINDS
     ]  # fmt: skip
+
+
+#: Training images of each dataset's full release (SVHN train, MNIST-M train, MNIST train).
+FULL_TRAIN_SIZES = {"svhn": 73_257, "mnist_m": 59_001, "mnist": 60_000}
 
 
 # ----------------------------------------------------------------------------- summary

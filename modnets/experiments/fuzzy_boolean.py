@@ -476,7 +476,10 @@ def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
     :func:`modnets.experiments.harness.dry_run`)."""
     t = config.train
     x, y = torch.rand(2, t.num_variables), torch.randn(2, t.num_pretrain_functions)
-    return [harness.DryRun("NI (pretraining)", build_model(t), lambda m: loss(m, x, y))]
+    n = round(0.8 * t.points_per_function)  # make_dataset's 80/20 split (NI §4.1)
+    return [harness.DryRun("NI (pretraining)", build_model(t), lambda m: loss(m, x, y),
+                           samples=2, batch_size=t.pretrain.batch_size,
+                           steps=t.pretrain.epochs * (n // t.pretrain.batch_size))]  # fmt: skip
 
 
 def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,

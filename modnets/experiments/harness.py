@@ -388,6 +388,9 @@ class DryRun:
     name: str
     model: nn.Module
     loss: Callable[[nn.Module], torch.Tensor]
+    samples: int = 2  # examples in the batch ``loss`` uses
+    batch_size: int = 0  # the configured training batch (0: not given)
+    steps: int = 0  # optimiser steps of one full training of this model at one seed (0: not given)
 
 
 def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:

@@ -471,7 +471,12 @@ def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
     y = torch.zeros(2, 10)
     y[0, 3] = y[1, [1, 5, 7]] = 1.0
     x = _inputs(images, "cpu")
-    return [harness.DryRun(name, build_model(kind, t, seed=0), lambda m: loss(m, x, y))
+    b = t.optim.batch_size
+    per_epoch = len(t.train_counts) * (t.train_per_count // b)  # batches of one count, full ones
+    steps = {"cnn": (t.optim.epochs + t.finetune_epochs) * per_epoch,
+             "nfm": (t.finetune_epochs or t.optim.epochs) * per_epoch}  # fmt: skip
+    return [harness.DryRun(name, build_model(kind, t, seed=0), lambda m: loss(m, x, y),
+                           samples=2, batch_size=b, steps=steps[kind])
             for kind, name in MODELS.items()]  # fmt: skip
 
 

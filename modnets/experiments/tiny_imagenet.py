@@ -546,8 +546,12 @@ def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
     for kind, prior in [("pio", None)] + [("nac", p) for p in config.priors]:
         model = build_model(kind, t, prior)
         step = make_step(model, data, t)
+        tc = t.nac_train if kind == "nac" else t.pio_train
+        n = t.num_classes * min(500, t.max_train_per_class or 500)  # 500 per class in the release
         parts.append(harness.DryRun(model_name(kind, prior), model,
-                                    lambda m, step=step: step(m, torch.arange(8))["loss"]))  # fmt: skip
+                                    lambda m, step=step: step(m, torch.arange(8))["loss"],
+                                    samples=8, batch_size=tc.batch_size,
+                                    steps=tc.epochs * (n // tc.batch_size)))  # fmt: skip
     return parts
 
 

@@ -1,0 +1,208 @@
+"""What an experiment's training costs on a GPU, known before a reader spends Colab time on it.
+
+For every model of a profile's configuration (by default ``gpu``, the papers' settings), built on
+the CPU from the experiment's own :func:`dry_run`:
+
+* **parameters**, their gradients and the optimiser's state (Adam and AdamW: two moments), and
+  the half-precision copies of the weights autocast makes;
+* **activation memory**: every tensor autograd keeps for the backward pass, counted once per
+  storage with :func:`torch.autograd.graph.saved_tensors_hooks` while the real training loss runs
+  on the dry run's small batch, then scaled to the configured batch (measured in float32: an
+  upper bound, since autocast keeps many of them in 16 bits);
+* **FLOPs per step**, forward and backward, counted with :class:`torch.utils.flop_counter.FlopCounterMode`
+  and scaled the same way;
+* on each GPU of :data:`GPUS`: whether the step fits (with :data:`HEADROOM` of the memory), the
+  gradient accumulation it needs otherwise (micro-batches of ``batch / a``), and the projected
+  hours of one full training at :data:`UTILISATION` of the GPU's peak half-precision throughput
+  and at least :data:`MIN_STEP_SECONDS` a step: assumptions, to be replaced by measured numbers
+  once a GPU has run the profile (``book/setup.md``).
+
+``python -m modnets.experiments.budget`` prints the table for every experiment (``--markdown``
+for ``book/setup.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from modnets.experiments import harness
+
+__all__ = [
+    "GPU",
+    "GPUS",
+    "UTILISATION",
+    "MIN_STEP_SECONDS",
+    "HEADROOM",
+    "Estimate",
+    "estimate",
+    "table",
+    "main",
+]
+
+EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU as the estimate sees it: memory, and peak dense half-precision tensor throughput
+    (bf16 where ``bf16``, else fp16) from its data sheet."""
+
+    name: str
+    memory_gib: float
+    tflops: float
+    bf16: bool
+
+
+#: Colab's default GPU and the two common datacentre ones (data-sheet peak dense fp16/bf16).
+GPUS = (
+    GPU("Colab T4 (15 GB)", 15.0, 65.0, bf16=False),
+    GPU("A100 40 GB", 40.0, 312.0, bf16=True),
+    GPU("H100 80 GB", 80.0, 989.0, bf16=True),
+)
+#: The share of peak throughput assumed for the projected times (small models reach less).
+UTILISATION = 0.3
+#: The share of a GPU's memory a training step may plan for (the rest: CUDA context, allocator).
+HEADROOM = 0.9
+#: The least time a training step is assumed to take on any GPU: a small model's step is bound
+#: by launching its hundreds of kernels, not by arithmetic (an assumption, like UTILISATION).
+MIN_STEP_SECONDS = 0.01
+#: Hours of a Colab session, at most (free tier; often less).
+COLAB_HOURS = 12.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One model's training step at its configured batch (bytes, FLOPs) and full-run length."""
+
+    experiment: str
+    model: str
+    parameters: int
+    batch_size: int
+    steps: int
+    activation_bytes: float  # at batch_size
+    flops_per_step: float  # forward and backward, at batch_size
+
+    @property
+    def static_bytes(self) -> float:
+        """Weights, gradients, two Adam moments (float32 each) and a 16-bit weight copy."""
+        return self.parameters * (4 + 4 + 8 + 2)
+
+    def peak_bytes(self, accumulate: int = 1) -> float:
+        """Memory of one step with micro-batches of ``batch_size / accumulate``."""
+        return self.static_bytes + self.activation_bytes / accumulate
+
+    def accumulation(self, gpu: GPU) -> int | None:
+        """The smallest accumulation (a divisor of the batch, a power of two where it can be)
+        whose micro-batch fits ``gpu``; None if even one example does not."""
+        budget = HEADROOM * gpu.memory_gib * 2**30
+        for a in _divisors(self.batch_size):
+            if self.peak_bytes(a) <= budget:
+                return a
+        return None
+
+    def hours(self, gpu: GPU) -> float:
+        """Projected hours of one full training (``steps`` steps) at :data:`UTILISATION`, each
+        step taking at least :data:`MIN_STEP_SECONDS`."""
+        step = max(self.flops_per_step / (UTILISATION * gpu.tflops * 1e12), MIN_STEP_SECONDS)
+        return self.steps * step / 3600
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else [1]
+
+
+def _measure(part: harness.DryRun) -> tuple[float, float]:
+    """Bytes autograd keeps for backward, and FLOPs of forward + backward, on the dry run's
+    batch (``part.samples`` examples; parameters are not counted as activations)."""
+    model = part.model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with FlopCounterMode(display=False) as counter:
+            loss = part.loss(model)
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(sum(seen.values())), float(counter.get_total_flops())
+
+
+def estimate(experiment: str, profile: str = "gpu") -> list[Estimate]:
+    """:class:`Estimate` of every model of ``experiment``'s ``profile`` configuration."""
+    module = harness.import_experiment(experiment)
+    out = []
+    for part in module.dry_run(module.CONFIGS[profile]):
+        if part.batch_size <= 0 or part.samples <= 0:
+            raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
+        act, flops = _measure(part)
+        scale = part.batch_size / part.samples
+        out.append(Estimate(experiment, part.name, sum(p.numel() for p in part.model.parameters()),
+                            part.batch_size, part.steps, act * scale, flops * scale))  # fmt: skip
+    return out
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.1f}" if b >= 2**30 / 10 else f"{b / 2**30:.2f}"
+
+
+def _hours(h: float) -> str:
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+
+
+def table(estimates: list[Estimate], markdown: bool = False) -> str:
+    """One row per model: parameters, peak memory at the configured batch, GFLOPs per step, and
+    per GPU the accumulation it needs (``fits``, ``xN`` or ``no``) and the projected time of one
+    full training (flagged where it exceeds a Colab session)."""
+    head = ["experiment", "model", "parameters", "batch", "peak GiB", "GFLOP/step"]
+    for gpu in GPUS:
+        head.append(f"{gpu.name}: fits / one run")
+    rows = []
+    for e in estimates:
+        row = [e.experiment, e.model, f"{e.parameters:,}", str(e.batch_size),
+               _gib(e.peak_bytes()), f"{e.flops_per_step / 1e9:,.1f}"]  # fmt: skip
+        for gpu in GPUS:
+            a = e.accumulation(gpu)
+            fit = "no" if a is None else ("fits" if a == 1 else f"x{a} accumulation")
+            h = e.hours(gpu)
+            late = (
+                " (> a Colab session)" if gpu.name.startswith("Colab") and h > COLAB_HOURS else ""
+            )
+            rows_time = _hours(h) + late if e.steps else "-"
+            row.append(f"{fit} / {rows_time}")
+        rows.append(row)
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*r) for r in [head, *rows])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="gpu")
+    parser.add_argument("--markdown", action="store_true", help="a table for book/setup.md")
+    parser.add_argument("experiments", nargs="*", default=list(EXPERIMENTS))
+    args = parser.parse_args(argv)
+    estimates = [e for name in args.experiments for e in estimate(name, args.profile)]
+    print(table(estimates, markdown=args.markdown))
+    if not args.markdown:
+        print(
+            f"\n(one full training of one model at one seed, at {UTILISATION:.0%} of each GPU's "
+            "peak half-precision throughput; activations measured in float32)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The GPU budget of each configuration (issue #19): what is counted, how it scales to the
+configured batch, when a step needs gradient accumulation, and the table in book/setup.md."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from modnets.experiments import budget, harness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _toy(samples: int) -> harness.DryRun:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 1))
+    x = torch.randn(samples, 10)
+    return harness.DryRun("toy", model, lambda m: m(x).square().mean(), samples=samples,
+                          batch_size=64, steps=1000)  # fmt: skip
+
+
+def test_activations_and_flops_are_counted_per_example_and_scale_with_the_batch():
+    act4, flops4 = budget._measure(_toy(4))
+    act8, flops8 = budget._measure(_toy(8))
+    # forward 2 B (10*20 + 20*1); backward: both grads of layer 2, only the weight's of layer 1
+    assert flops4 == 2 * 4 * (200 + 20) + 2 * 4 * (20 + 20) + 2 * 4 * 200
+    assert flops8 == 2 * flops4
+    # what backward keeps (input, pre-activation or mask, hidden, output) grows with the batch;
+    # the parameters are not activations
+    assert act8 == pytest.approx(2 * act4, rel=0.05) and 0 < act4 < 4 * 4 * (10 + 20 + 20 + 1) * 2
+
+
+def test_accumulation_is_the_smallest_divisor_of_the_batch_that_fits():
+    t4, a100 = budget.GPUS[0], budget.GPUS[1]
+    gib = 2**30
+    e = budget.Estimate("x", "m", parameters=10_000_000, batch_size=64, steps=10_000,
+                        activation_bytes=100 * gib, flops_per_step=1e12)  # fmt: skip
+    assert e.static_bytes == 10_000_000 * 18
+    assert e.accumulation(t4) == 8  # 100 / 8 = 12.5 GiB + 0.17 fits 13.5; 100 / 4 does not
+    assert e.accumulation(a100) == 4  # 25 GiB + 0.17 fits 36
+    too_big = budget.Estimate("x", "m", 10**9, 64, 1, 1.0, 1.0)  # 18 GB of weights and state
+    assert too_big.accumulation(t4) is None and too_big.accumulation(a100) == 1
+    # hours: 10,000 steps of 1 TFLOP at 30 % of 65 TFLOP/s
+    assert e.hours(t4) == pytest.approx(10_000 * 1e12 / (0.3 * 65e12) / 3600)
+    tiny = budget.Estimate("x", "m", 10, 8, 3600, 1.0, 1.0)  # launch-bound: the step floor
+    assert tiny.hours(t4) == pytest.approx(3600 * budget.MIN_STEP_SECONDS / 3600)
+    assert "x8 accumulation" in budget.table([e]) and "| x | m |" in budget.table([e], True)
+
+
+def test_setup_md_shows_every_gpu_model_with_its_parameters():
+    text = (ROOT / "book" / "setup.md").read_text()
+    rows = {(m[0], m[1]): m[2] for m in re.findall(r"^\| (\w+) \| ([^|]+?) \| ([\d,]+) \|", text,
+                                                       flags=re.M)}  # fmt: skip
+    for name in budget.EXPERIMENTS:
+        module = harness.import_experiment(name)
+        for part in module.dry_run(module.CONFIGS["gpu"]):
+            count = sum(p.numel() for p in part.model.parameters())
+            assert rows.get((name, part.name)) == f"{count:,}", (name, part.name)
+            assert part.batch_size > 0 and part.steps > 0
