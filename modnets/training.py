@@ -359,9 +359,12 @@ class TrainConfig:
     log_points: int = 100  # points of the logged loss curve (each the mean since the last)
     # steps between training-state checkpoints (not in the checkpoint key: no effect on weights)
     save_every: int = field(default=500, metadata={"key": False})
+    # gradient accumulation: each batch in this many micro-batches, one optimiser step (for a
+    # GPU too small for the batch; not in the checkpoint key: the same step up to rounding)
+    accumulate: int = field(default=1, metadata={"key": False})
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "log_points"):
+        for name in ("epochs", "batch_size", "log_points", "accumulate"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
@@ -382,6 +385,10 @@ class TrainConfig:
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ValueError(
                 f"TrainConfig.clip_grad_norm must be positive or None, got {self.clip_grad_norm!r}"
+            )
+        if self.batch_size % self.accumulate:
+            raise ValueError(
+                f"TrainConfig.accumulate={self.accumulate} must divide batch_size={self.batch_size}"
             )
 
 
@@ -465,6 +472,8 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
         raise ValueError("give exactly one of n (number of training samples) and batches")
     if config.best is not None and evaluate is None:
         raise ValueError(f"TrainConfig.best={config.best!r} needs an evaluate function")
+    if config.accumulate > 1 and batches is not None:
+        raise ValueError("TrainConfig.accumulate > 1 needs index batches (n), not batches()")
     device = next(model.parameters()).device
     if param_groups is None:
         param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
@@ -502,16 +511,25 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
                 loop.minibatches(n, config.batch_size)  # fmt: skip
             for idx in source:
                 batch = items[idx.item()] if items is not None else distributed.shard(idx)
-                with autocast(device) if config.amp else contextlib.nullcontext():
-                    logs = _as_logs(step(net, batch))
                 opt.zero_grad(set_to_none=True)
+                # one batch, or its micro-batches (gradient accumulation): each loss weighted by
+                # its share of the batch, so the summed gradient is the whole batch's
+                parts = [batch] if config.accumulate == 1 else list(batch.chunk(config.accumulate))
+                logs = {}
+                for part in parts:
+                    with autocast(device) if config.amp else contextlib.nullcontext():
+                        part_logs = _as_logs(step(net, part))
+                    weight = len(part) / len(batch) if len(parts) > 1 else 1.0
+                    loss = part_logs["loss"] * weight
+                    (loss if scaler is None else scaler.scale(loss)).backward()
+                    for k, v in part_logs.items():
+                        v = v.detach() * weight
+                        logs[k] = logs[k] + v if k in logs else v
                 if scaler is None:
-                    logs["loss"].backward()
                     if config.clip_grad_norm is not None:
                         nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
                     opt.step()
-                else:  # float16: scaled backward, clip the true gradient, skip steps with inf
-                    scaler.scale(logs["loss"]).backward()
+                else:  # float16: the backward was scaled; clip the true gradient, skip infs
                     scaler.unscale_(opt)
                     if config.clip_grad_norm is not None:
                         nn.utils.clip_grad_norm_(params, config.clip_grad_norm)

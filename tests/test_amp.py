@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from modnets import training
+from modnets.experiments.harness import checkpoint_key
 from modnets.training import TrainConfig, amp_dtype, autocast, fit, load_train_state
 
 
@@ -54,3 +55,35 @@ def test_fit_scales_the_loss_under_float16(tmp_path, monkeypatch):
     assert "scaler" in state["objects"] and state["objects"]["scaler"]["scale"] > 0
     _, plain = _fit(tmp_path, amp=False, name="fp32")
     assert "scaler" not in plain["objects"]
+
+
+def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch():
+    """A batch in micro-batches (a GPU too small for it) gives the same optimiser steps and the
+    same logged loss, up to rounding; the checkpoint key does not change."""
+    torch.manual_seed(0)
+    x, y = torch.randn(48, 6), torch.randn(48, 2)
+
+    def train(accumulate):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+        config = TrainConfig(epochs=2, batch_size=12, lr=1e-2, clip_grad_norm=0.5,
+                             accumulate=accumulate, log_points=8)  # fmt: skip
+        history = fit(model, lambda net, idx: torch.nn.functional.mse_loss(net(x[idx]), y[idx]),
+                      config, n=48, show_progress=False)  # fmt: skip
+        return model, history
+
+    whole, h1 = train(1)
+    parts, h4 = train(4)
+    for a, b in zip(whole.parameters(), parts.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(h1["loss"]), torch.tensor(h4["loss"]), rtol=1e-6, atol=0
+    )
+    assert h1["step"] == h4["step"]
+    key = checkpoint_key("m", TrainConfig(1, 12, 1e-2, accumulate=4), 0, "d", "c")
+    assert key == checkpoint_key("m", TrainConfig(1, 12, 1e-2), 0, "d", "c")
+    with pytest.raises(ValueError, match="accumulate"):
+        TrainConfig(1, 12, 1e-2, accumulate=5)
+    with pytest.raises(ValueError, match="accumulate"):
+        fit(whole, lambda net, b: net(x).sum(), TrainConfig(1, 12, 1e-2, accumulate=2),
+            batches=lambda e: [0, 1], show_progress=False)  # fmt: skip

@@ -1,7 +1,9 @@
 """The GPU budget of each configuration (issue #19): what is counted, how it scales to the
 configured batch, when a step needs gradient accumulation, and the table in book/setup.md."""
 
+import dataclasses
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 from torch import nn
 
 from modnets.experiments import budget, harness
+from modnets.experiments import tiny_imagenet as ti
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,3 +62,26 @@ def test_setup_md_shows_every_gpu_model_with_its_parameters():
             count = sum(p.numel() for p in part.model.parameters())
             assert rows.get((name, part.name)) == f"{count:,}", (name, part.name)
             assert part.batch_size > 0 and part.steps > 0
+
+
+def test_a_gpu_too_small_for_the_batch_gets_accumulation_before_training():
+    """Tiny-ImageNet at the papers' batch (1024) does not fit a T4: the run says so before
+    training and accumulates instead; a big enough GPU, or a CPU, leaves the config alone."""
+    config = dataclasses.replace(ti.CONFIGS["gpu"], priors=("scale_free",))
+    with pytest.warns(UserWarning) as said:
+        small = ti.fit_to_gpu(config, "cuda", memory_bytes=15 * 2**30)
+    said = sorted(str(w.message) for w in said)
+    assert len(said) == 2 and "NAC (scale_free)" in said[0] and "Perceiver IO" in said[1]
+    assert "16 micro-batches of 64" in said[0] and "8 micro-batches of 128" in said[1]
+    assert small.train.pio_train.accumulate == 8 and small.train.nac_train.accumulate == 16
+    assert small.train.nac_train.batch_size == 1024  # the same steps
+    # the same checkpoints: accumulation is not part of what the key hashes
+    assert harness.checkpoint_key("m", small.train, 0, "d", "c") == harness.checkpoint_key(
+        "m", config.train, 0, "d", "c"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ti.fit_to_gpu(config, "cuda", memory_bytes=2**40) == config
+        assert ti.fit_to_gpu(config, "cpu") == config
+    with pytest.raises(MemoryError, match="do not fit"):
+        ti.fit_to_gpu(config, "cuda", memory_bytes=2**28)

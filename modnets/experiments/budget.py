@@ -24,6 +24,7 @@ for ``book/setup.md``).
 from __future__ import annotations
 
 import argparse
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -137,11 +138,12 @@ def _measure(part: harness.DryRun) -> tuple[float, float]:
     return float(sum(seen.values())), float(counter.get_total_flops())
 
 
-def estimate(experiment: str, profile: str = "gpu") -> list[Estimate]:
-    """:class:`Estimate` of every model of ``experiment``'s ``profile`` configuration."""
+def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimate]:
+    """:class:`Estimate` of every model of ``experiment``'s ``profile`` configuration (or of
+    ``config``, a configuration of that experiment)."""
     module = harness.import_experiment(experiment)
     out = []
-    for part in module.dry_run(module.CONFIGS[profile]):
+    for part in module.dry_run(module.CONFIGS[profile] if config is None else config):
         if part.batch_size <= 0 or part.samples <= 0:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
         act, flops = _measure(part)
@@ -149,6 +151,40 @@ def estimate(experiment: str, profile: str = "gpu") -> list[Estimate]:
         out.append(Estimate(experiment, part.name, sum(p.numel() for p in part.model.parameters()),
                             part.batch_size, part.steps, act * scale, flops * scale))  # fmt: skip
     return out
+
+
+def plan(experiment: str, config, memory_bytes: float) -> dict[str, int]:
+    """The gradient accumulation each model of ``config`` needs on a GPU of ``memory_bytes``
+    (model name -> 1 where it fits), said before any training: a warning names each model that
+    needs accumulation, and a :class:`MemoryError` one that does not fit even one example at a
+    time."""
+    gpu = GPU("this GPU", memory_bytes / 2**30, 1.0, bf16=True)
+    out = {}
+    for e in estimate(experiment, config=config):
+        a = e.accumulation(gpu)
+        if a is None:
+            raise MemoryError(
+                f"{experiment} {e.model}: its weights and optimiser state alone "
+                f"({_gib(e.static_bytes)} GiB) do not fit this GPU's {gpu.memory_gib:.1f} GiB"
+            )
+        if a > 1:
+            warnings.warn(
+                f"{experiment} {e.model}: a step at batch {e.batch_size} needs about "
+                f"{_gib(e.peak_bytes())} GiB, more than this GPU's {gpu.memory_gib:.1f} GiB "
+                f"allow; training accumulates gradients over {a} micro-batches of "
+                f"{e.batch_size // a} (the same steps, more time)",
+                stacklevel=2,
+            )
+        out[e.model] = a
+    return out
+
+
+def gpu_memory(device) -> float | None:
+    """Total memory of the CUDA ``device`` in bytes, None for any other device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return float(torch.cuda.get_device_properties(device).total_memory)
 
 
 def _gib(b: float) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -555,6 +555,24 @@ def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
     return parts
 
 
+def fit_to_gpu(config: TinyImageNetConfig, device, memory_bytes: float | None = None):
+    """``config`` with the gradient accumulation its models need on ``device``'s GPU (or one of
+    ``memory_bytes``), decided before training by :func:`modnets.experiments.budget.plan`
+    (which warns); unchanged on a CPU. Accumulation is not in the checkpoint key."""
+    from modnets.experiments import budget
+
+    memory = budget.gpu_memory(device) if memory_bytes is None else memory_bytes
+    if memory is None:
+        return config
+    need = budget.plan(NAME, config, memory)
+    t = config.train
+    pio = max(need.get(model_name("pio", None), 1), t.pio_train.accumulate)
+    nac = max([need.get(model_name("nac", p), 1) for p in config.priors] + [t.nac_train.accumulate])
+    t = replace(t, pio_train=replace(t.pio_train, accumulate=pio),
+                nac_train=replace(t.nac_train, accumulate=nac))  # fmt: skip
+    return replace(config, train=t)
+
+
 def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
         show_progress: bool = True, cache: bool = True, resume: bool = False,
         root=None) -> dict:  # fmt: skip
@@ -570,6 +588,7 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
+    config = fit_to_gpu(config, device)
     data = load_data(config.train, root)
     drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
     edge_fr = sorted({0.0, EDGES_AT, *config.edge_fractions})
