@@ -17,7 +17,7 @@ HERE = Path(__file__).parent
 # every rank, as in one process
 SMOKE = ti.CONFIGS["smoke"].train
 CONFIG = dataclasses.replace(
-    SMOKE, classes=3, max_train_per_class=None, max_val_per_class=None, augment=None,
+    SMOKE, classes=3, max_train_per_class=5, max_val_per_class=None, augment=None,
     nac={**SMOKE.nac, "drop_path": 0.0, "state_noise": False, "per_example_kernel": False},
     nac_train=dataclasses.replace(SMOKE.nac_train, epochs=2, batch_size=4, lr=1e-2),
 )  # fmt: skip

@@ -21,7 +21,7 @@ SMOKE = ti.CONFIGS["smoke"].train
 CONFIG = dataclasses.replace(
     SMOKE,
     classes=3,
-    max_train_per_class=None,
+    max_train_per_class=5,  # the fake tree: 5, 4 and 4 images (all of them)
     max_val_per_class=None,
     augment="smoke",
     nac_train=dataclasses.replace(SMOKE.nac_train, epochs=3, batch_size=4, lr=1e-2),

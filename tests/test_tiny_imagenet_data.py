@@ -277,3 +277,77 @@ def test_real_subset_val_20_classes(tmp_path, monkeypatch):
     assert data.images.shape == (1000, 3, 64, 64)
     assert np.array_equal(np.bincount(data.labels.numpy()), np.full(20, 50))
     assert data.class_names[:3] == ["Egyptian cat", "reel", "volleyball"]
+
+
+def _full_zip(tmp_path: Path) -> bytes:
+    """The "release" for the tests: the fake tree with 5 train images in every class."""
+    folder = make_tree(tmp_path / "release")
+    for label, wnid in enumerate(WNIDS[1:], start=1):
+        (folder / "train" / wnid / "images" / f"{wnid}_4.JPEG").write_bytes(jpeg(colour(label, 4)))
+    payload = io.BytesIO()
+    with zipfile.ZipFile(payload, "w") as zf:
+        for path in sorted(folder.parent.rglob("*")):
+            zf.write(path, path.relative_to(folder.parent).as_posix())
+    return payload.getvalue()
+
+
+@pytest.fixture
+def partial(tmp_path, monkeypatch):
+    """A data root with part of the release (4 of 5 images in two classes, as the shared
+    subset holds 100 of 500), made read-only, and an empty writable home cache."""
+    monkeypatch.setattr(tin, "TRAIN_PER_CLASS", 5)
+    root = tmp_path / "shared"
+    make_tree(root)
+    monkeypatch.setattr(tin, "_download_root", lambda: tmp_path / "home" / ".cache" / "modnets")
+    monkeypatch.setenv("MODNETS_CACHE", str(tmp_path / "cache"))
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    os.chmod(root, 0o555)
+    yield root, before
+    os.chmod(root, 0o755)
+
+
+def test_a_partial_train_split_is_never_trained_on_as_the_full_one(partial, tmp_path, monkeypatch):
+    root, before = partial
+
+    # offline: it fails before anything is trained, naming the classes that fall short
+    def offline(url, dest, md5, timeout=20.0):
+        raise urllib.error.URLError("no internet")
+
+    monkeypatch.setattr(tin, "_download", offline)
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_tiny_imagenet("train", root=root, full=True, cache=False)
+    message = str(info.value)
+    assert "2 classes hold fewer than the release's 5 train images" in message
+    assert "no internet" in message and tin.TINY_IMAGENET_URL in message
+    assert not (
+        tmp_path / "home" / ".cache" / "modnets" / "TinyImageNet" / "tiny-imagenet-200"
+    ).exists()
+    with pytest.raises(DatasetNotFoundError, match="downloading is off"):
+        load_tiny_imagenet("train", root=root, full=True, download=False, cache=False)
+    # a capped or partial request still reads the subset as it is
+    assert len(load_tiny_imagenet("train", root=root, max_per_class=4, cache=False).labels) == 12
+
+    # online: the release is downloaded, checked and unpacked into the writable home cache;
+    # the read-only partial copy is left exactly as it was
+    release = _full_zip(tmp_path)
+    calls = []
+
+    def fake_download(url, dest, md5, timeout=20.0):
+        assert url == tin.TINY_IMAGENET_URL and md5 == (tin.TINY_IMAGENET_MD5,)
+        calls.append(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(release)
+
+    monkeypatch.setattr(tin, "_download", fake_download)
+    data = load_tiny_imagenet("train", root=root, full=True, cache=False)
+    assert data.labels.bincount().tolist() == [5, 5, 5]
+    assert (
+        len(calls) == 1
+        and calls[0].parent == tmp_path / "home" / ".cache" / "modnets" / "TinyImageNet"
+    )
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    # the next call finds the full copy: no second download
+    assert load_tiny_imagenet(
+        "train", root=root, full=True, cache=False
+    ).labels.bincount().tolist() == [5, 5, 5]
+    assert len(calls) == 1

@@ -15,7 +15,7 @@ from modnets.nac import NeuralAttentiveCircuit
 
 SMOKE = ti.CONFIGS["smoke"]
 TRAIN = dataclasses.replace(
-    SMOKE.train, classes=3, max_train_per_class=None, max_val_per_class=None,
+    SMOKE.train, classes=3, max_train_per_class=5, max_val_per_class=None,
     nac_train=dataclasses.replace(SMOKE.train.nac_train, batch_size=4),
     pio_train=dataclasses.replace(SMOKE.train.pio_train, batch_size=4),
 )  # fmt: skip

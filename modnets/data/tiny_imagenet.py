@@ -102,6 +102,7 @@ TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
 CACHE_ENV_VAR = "MODNETS_CACHE"
 DOWNLOAD_TIMEOUT = 10.0  # seconds per socket operation: fail fast without internet
+TRAIN_PER_CLASS = 500  # train images per class in the release
 _FOLDER = "tiny-imagenet-200"
 _CACHE_VERSION = 1
 _JPEG_SUFFIXES = (".jpeg", ".jpg")
@@ -181,6 +182,66 @@ def _ensure(folder: Path, split: str, download: bool) -> None:
             f"Tiny-ImageNet: missing\n{listing}\nDownloading failed ({err}).\n{_how(folder)}"
         ) from None
     archive.unlink(missing_ok=True)
+
+
+def _download_root() -> Path:
+    """Where a full copy goes when the data root holds only part of the release (or cannot be
+    written): ``~/.cache/modnets``."""
+    return Path.home() / ".cache" / "modnets"
+
+
+def _writable(path: Path) -> bool:
+    while not path.exists():
+        path = path.parent
+    return os.access(path, os.W_OK)
+
+
+def _short_classes(folder: Path, wnids: list[str]) -> dict[str, int]:
+    """The classes whose train folder holds fewer than :data:`TRAIN_PER_CLASS` JPEGs."""
+    short = {}
+    for wnid in wnids:
+        images = folder / "train" / wnid / "images"
+        n = (
+            sum(n.lower().endswith(_JPEG_SUFFIXES) for n in os.listdir(images))
+            if images.is_dir()
+            else 0
+        )
+        if n < TRAIN_PER_CLASS:
+            short[wnid] = n
+    return short
+
+
+def _full_copy(folder: Path, classes, download: bool) -> Path:
+    """A folder whose train split holds every image of ``classes`` (the release's 500 each):
+    ``folder`` itself, or a full copy under :func:`_download_root`, downloaded and verified
+    there when needed. A partial or read-only ``folder`` is never written into."""
+    short = _short_classes(folder, _select_classes(classes, read_wnids(folder)))
+    if not short:
+        return folder
+    first = next(iter(short))
+    missing = (f"{len(short)} classes hold fewer than the release's {TRAIN_PER_CLASS} train "
+               f"images (e.g. {first}: {short[first]}) in {folder}")  # fmt: skip
+    other = tiny_imagenet_dir(_download_root())
+    if other != folder:
+        if other.is_dir() and (other / "wnids.txt").exists():
+            if not _short_classes(other, _select_classes(classes, read_wnids(other))):
+                return other  # downloaded before
+        elif download and _writable(other.parent):
+            try:
+                _ensure(other, "train", download=True)
+            except DatasetNotFoundError as err:
+                raise DatasetNotFoundError(
+                    f"Tiny-ImageNet: this configuration trains on the full train split, but "
+                    f"{missing}; downloading the release into {other} failed:\n{err}"
+                ) from None
+            return other
+    why = ("downloading is off" if not download else
+           f"the release is downloaded only into a writable folder without a partial copy, and "
+           f"{other} is not one")  # fmt: skip
+    raise DatasetNotFoundError(
+        f"Tiny-ImageNet: this configuration trains on the full train split, but {missing}; "
+        f"{why}. {_how(other)}"
+    )
 
 
 def _extract(archive: Path, folder: Path) -> None:
@@ -430,6 +491,7 @@ def load_tiny_imagenet(
     verify: bool = False,
     cache: bool = True,
     num_workers: int = 0,
+    full: bool = False,
 ) -> TinyImageNet:
     """Tiny-ImageNet-200 images of ``split`` (``"train"`` or ``"val"``) for ``classes``.
 
@@ -437,11 +499,17 @@ def load_tiny_imagenet(
     list of wnids; labels are ``0..n-1`` in that order. ``max_per_class`` keeps the lowest-indexed
     images of each class. ``cache=False`` neither reads nor writes the decoded-array cache.
     ``num_workers > 0`` decodes in a thread pool (on two CPU cores the plain loop was faster).
-    ``verify`` checks md5s against ``TinyImageNet/MD5SUMS`` when present. See the module docstring.
+    ``verify`` checks md5s against ``TinyImageNet/MD5SUMS`` when present. ``full=True`` (train
+    split) needs all 500 images of every class: a data root that holds fewer (e.g. a subset) is
+    left as it is and the release is downloaded, verified, into ``~/.cache/modnets`` instead, or,
+    offline, a :class:`DatasetNotFoundError` says which classes fall short, before any training.
+    See the module docstring.
     """
     _check_args(split, max_per_class)
     folder = tiny_imagenet_dir(root)
     _ensure(folder, split, download)
+    if full and split == "train":
+        folder = _full_copy(folder, classes, download)
     try:
         all_wnids = read_wnids(folder)
     except FileNotFoundError:

@@ -37,6 +37,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from modnets import diagnostics, distributed, probes
 from modnets.baselines import PerceiverIO
 from modnets.benchmarks import median_time
+from modnets.data import DatasetNotFoundError
+from modnets.data import tiny_imagenet as tin
 from modnets.data.tiny_imagenet import (
     TinyImageNetAugment,
     load_tiny_imagenet,
@@ -264,7 +266,9 @@ def data_files(train: TinyImageNetTrain, root=None) -> list[Path]:
     folder = tiny_imagenet_dir(root)
     try:
         wnids = read_wnids(folder)[: train.classes]
-    except FileNotFoundError:
+        if train.max_train_per_class is None:  # the full copy load_data reads (never downloads)
+            folder = tin._full_copy(folder, train.classes, download=False)
+    except (FileNotFoundError, DatasetNotFoundError):
         wnids = []
     return [folder / "wnids.txt", folder / "words.txt",
             *(folder / "train" / w / "images" for w in wnids),
@@ -273,7 +277,9 @@ def data_files(train: TinyImageNetTrain, root=None) -> list[Path]:
 
 def load_data(train: TinyImageNetTrain, root=None) -> Data:
     """The train and val splits of the configured class subset (uint8 images)."""
-    tr = load_tiny_imagenet("train", train.classes, root, max_per_class=train.max_train_per_class)
+    # without a cap, every image of the release (a partial copy is never trained on silently)
+    tr = load_tiny_imagenet("train", train.classes, root, max_per_class=train.max_train_per_class,
+                            full=train.max_train_per_class is None)  # fmt: skip
     val = load_tiny_imagenet("val", train.classes, root, max_per_class=train.max_val_per_class)
     return Data(tr.images, tr.labels, val.images, val.labels, tr.class_names,
                 harness.data_fingerprint(*data_files(train, root)))  # fmt: skip
