@@ -1,7 +1,10 @@
 """Digit loaders on tiny fake files in each on-disk layout, including broken and missing ones."""
 
 import gzip
+import io
 import struct
+import tarfile
+import urllib.error
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ import scipy.io
 from PIL import Image
 
 from modnets.data import DatasetCorruptedError, DatasetNotFoundError
+from modnets.data import digits as dd
 from modnets.data.digits import (
     load_digits,
     load_kmnist,
@@ -129,3 +133,62 @@ def test_bad_arguments():
         load_mnist("validation", download=False)
     with pytest.raises(ValueError, match="dataset"):
         load_digits("cifar", "train")
+
+
+def test_a_read_only_or_partial_root_gets_its_missing_split_downloaded_elsewhere(
+    tmp_path, monkeypatch
+):
+    """The gpu profile needs full releases (MNIST-M and SVHN train): a missing split is
+    downloaded, md5-checked, into ~/.cache/modnets when the data root is read-only or holds a
+    partial copy, which is left as it was; offline, the error names what is missing."""
+    shared, home = tmp_path / "shared", tmp_path / "home"
+    monkeypatch.setattr(dd, "_download_root", lambda: home)
+    monkeypatch.setattr(dd, "_writable", lambda p: not str(p).startswith(str(shared)))
+    fake_mnist(shared, prefix="t10k")  # the test split only, as in ../shared/data
+    before = sorted(p.relative_to(shared) for p in shared.rglob("*"))
+
+    def offline(url, dest, md5, timeout=20.0):
+        raise urllib.error.URLError("no internet")
+
+    monkeypatch.setattr(dd, "_download", offline)
+    with pytest.raises(DatasetNotFoundError, match="no internet") as info:
+        load_mnist("train", root=shared, verify=False)
+    assert "train-images-idx3-ubyte.gz" in str(info.value)
+    payload = {}
+    images, labels = RNG.integers(0, 256, (5, 28, 28), dtype=np.uint8), np.arange(5) % 10
+    write_idx(tmp_path / "srv" / "train-images-idx3-ubyte.gz", images)
+    write_idx(tmp_path / "srv" / "train-labels-idx1-ubyte.gz", labels)
+
+    def fake_download(url, dest, md5, timeout=20.0):
+        payload.setdefault("dests", []).append(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        src = tmp_path / "srv" / dest.name
+        dest.write_bytes(src.read_bytes() if src.exists() else payload["tar"])
+
+    monkeypatch.setattr(dd, "_download", fake_download)
+    x, y = load_mnist("train", root=shared, verify=False)
+    np.testing.assert_array_equal(x, images)
+    assert all(d.parent == home / "MNIST" / "raw" for d in payload["dests"])
+    assert load_mnist("test", root=shared, verify=False)[0].shape == (7, 28, 28)  # still read here
+    assert sorted(p.relative_to(shared) for p in shared.rglob("*")) == before
+
+    # MNIST-M: a folder with only the test split is partial -- the archive goes elsewhere
+    folder = shared / "MNIST-M" / "mnist_m" / "mnist_m_test"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(folder / "00000000.png")
+    (folder.parent / "mnist_m_test_labels.txt").write_text("00000000.png 3\n")
+    before = sorted(p.relative_to(shared) for p in shared.rglob("*"))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        png = io.BytesIO()
+        Image.fromarray(np.full((32, 32, 3), 9, np.uint8)).save(png, format="PNG")
+        for name, data in (("mnist_m/mnist_m_train/00000000.png", png.getvalue()),
+                           ("mnist_m/mnist_m_train_labels.txt", b"00000000.png 7\n")):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    payload["tar"] = buf.getvalue()
+    x, y = load_mnist_m("train", root=shared)
+    assert y.tolist() == [7] and (home / "MNIST-M" / "mnist_m" / "mnist_m_train").is_dir()
+    assert sorted(p.relative_to(shared) for p in shared.rglob("*")) == before
+    assert load_mnist_m("test", root=shared)[1].tolist() == [3]

@@ -139,9 +139,33 @@ def _download(url: str, dest: Path, md5: tuple[str, ...], timeout: float = 20.0)
             tmp.unlink()
 
 
+def _download_root() -> Path:
+    """Where missing files go when the data root cannot be written (e.g. a shared, read-only
+    copy): ``~/.cache/modnets``, with the same layout."""
+    return Path.home() / ".cache" / "modnets"
+
+
+def _writable(path: Path) -> bool:
+    while not path.exists():
+        path = path.parent
+    return os.access(path, os.W_OK)
+
+
+def _elsewhere(folder: Path, root: Path) -> Path:
+    """``folder`` (under ``root``) at the same place under :func:`_download_root`."""
+    return _download_root() / folder.relative_to(root)
+
+
 def _ensure(dataset: str, base_url: str, files: dict[str, tuple[str, ...]], folder: Path,
-            download: bool, verify: bool) -> None:  # fmt: skip
+            download: bool, verify: bool, root: Path | None = None) -> Path:  # fmt: skip
+    """The folder that holds ``files``: ``folder``, or, where files are missing there and it
+    cannot be written, the same folder under :func:`_download_root` (downloaded into, md5
+    checked, when ``download``)."""
     missing = [folder / name for name in files if not (folder / name).exists()]
+    if missing and root is not None and not _writable(folder):
+        other = _elsewhere(folder, root)
+        if download or all((other / name).exists() for name in files):
+            folder, missing = other, [other / n for n in files if not (other / n).exists()]
     if missing and download:
         try:
             for path in missing:
@@ -158,6 +182,7 @@ def _ensure(dataset: str, base_url: str, files: dict[str, tuple[str, ...]], fold
                     f"the known releases {list(md5)}; the file is truncated or corrupted. Delete it "
                     "and download it again."
                 )
+    return folder
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
@@ -199,7 +224,7 @@ def load_mnist(split: str = "train", root=None, download: bool = True, verify: b
     folder = _root(root) / "MNIST" / "raw"
     prefix = "train" if split == "train" else "t10k"
     files = {k: v for k, v in _MNIST.items() if k.startswith(prefix)}
-    _ensure("mnist", _MNIST_URL, files, folder, download, verify)
+    folder = _ensure("mnist", _MNIST_URL, files, folder, download, verify, _root(root))
     images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
     labels = read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64)
     _check_pair("mnist", images, labels, folder)
@@ -221,7 +246,7 @@ def load_kmnist(split: str = "test", root=None, download: bool = True, verify: b
     _check_split(split)
     folder = _root(root) / "KMNIST" / "raw"
     files = {k: v for k, v in _KMNIST.items() if f"-{split}-" in k}
-    _ensure("kmnist", _KMNIST_URL, files, folder, download, verify)
+    folder = _ensure("kmnist", _KMNIST_URL, files, folder, download, verify, _root(root))
     images = _load_npz(folder / f"kmnist-{split}-imgs.npz")
     labels = _load_npz(folder / f"kmnist-{split}-labels.npz").astype(np.int64)
     _check_pair("kmnist", images, labels, folder)
@@ -237,6 +262,14 @@ def load_mnist_m(split: str = "test", root=None, download: bool = True, verify: 
     folder = base / "mnist_m"
     label_file = folder / f"mnist_m_{split}_labels.txt"
     image_dir = folder / f"mnist_m_{split}"
+    if (not label_file.exists() or not image_dir.is_dir()) and (
+        folder.exists() or not _writable(base)
+    ):  # a partial or read-only copy is never unpacked into: the same place in the home cache
+        other = _download_root() / "MNIST-M"
+        if download or (other / "mnist_m" / f"mnist_m_{split}_labels.txt").exists():
+            base, folder = other, other / "mnist_m"
+            label_file = folder / f"mnist_m_{split}_labels.txt"
+            image_dir = folder / f"mnist_m_{split}"
     if not label_file.exists() or not image_dir.is_dir():
         if download:
             archive = base / "mnist_m.tar.gz"
@@ -285,7 +318,7 @@ def load_svhn(split: str = "train", root=None, download: bool = True, verify: bo
     _check_split(split)
     folder = _root(root) / "SVHN"
     name = f"{split}_32x32.mat"
-    _ensure("svhn", _SVHN_URL, {name: _SVHN[name]}, folder, download, verify)
+    folder = _ensure("svhn", _SVHN_URL, {name: _SVHN[name]}, folder, download, verify, _root(root))
     try:
         mat = scipy.io.loadmat(folder / name)
         images = np.ascontiguousarray(mat["X"].transpose(3, 0, 1, 2))
