@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from modnets.data import DatasetCorruptedError, DatasetNotFoundError, data_root
+from modnets.data import download_root as _download_root
+from modnets.data import writable as _writable
 
 __all__ = [
     "load_mnist",
@@ -139,27 +141,15 @@ def _download(url: str, dest: Path, md5: tuple[str, ...], timeout: float = 20.0)
             tmp.unlink()
 
 
-def _download_root() -> Path:
-    """Where missing files go when the data root cannot be written (e.g. a shared, read-only
-    copy): ``~/.cache/modnets``, with the same layout."""
-    return Path.home() / ".cache" / "modnets"
-
-
-def _writable(path: Path) -> bool:
-    while not path.exists():
-        path = path.parent
-    return os.access(path, os.W_OK)
-
-
 def _elsewhere(folder: Path, root: Path) -> Path:
-    """``folder`` (under ``root``) at the same place under :func:`_download_root`."""
+    """``folder`` (under ``root``) at the same place under :func:`modnets.data.download_root`."""
     return _download_root() / folder.relative_to(root)
 
 
 def _ensure(dataset: str, base_url: str, files: dict[str, tuple[str, ...]], folder: Path,
             download: bool, verify: bool, root: Path | None = None) -> Path:  # fmt: skip
     """The folder that holds ``files``: ``folder``, or, where files are missing there and it
-    cannot be written, the same folder under :func:`_download_root` (downloaded into, md5
+    cannot be written, the same folder under :func:`modnets.data.download_root` (downloaded into, md5
     checked, when ``download``)."""
     missing = [folder / name for name in files if not (folder / name).exists()]
     if missing and root is not None and not _writable(folder):

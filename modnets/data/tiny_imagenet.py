@@ -71,6 +71,8 @@ import torch
 from torch import Tensor, nn
 
 from modnets.data import DatasetCorruptedError, DatasetNotFoundError, data_root
+from modnets.data import download_root as _download_root
+from modnets.data import writable as _writable
 from modnets.data.digits import _download, _root, md5sum
 
 __all__ = [
@@ -184,18 +186,6 @@ def _ensure(folder: Path, split: str, download: bool) -> None:
     archive.unlink(missing_ok=True)
 
 
-def _download_root() -> Path:
-    """Where a full copy goes when the data root holds only part of the release (or cannot be
-    written): ``~/.cache/modnets``."""
-    return Path.home() / ".cache" / "modnets"
-
-
-def _writable(path: Path) -> bool:
-    while not path.exists():
-        path = path.parent
-    return os.access(path, os.W_OK)
-
-
 def _short_classes(folder: Path, wnids: list[str]) -> dict[str, int]:
     """The classes whose train folder holds fewer than :data:`TRAIN_PER_CLASS` JPEGs."""
     short = {}
@@ -213,7 +203,7 @@ def _short_classes(folder: Path, wnids: list[str]) -> dict[str, int]:
 
 def _full_copy(folder: Path, classes, download: bool) -> Path:
     """A folder whose train split holds every image of ``classes`` (the release's 500 each):
-    ``folder`` itself, or a full copy under :func:`_download_root`, downloaded and verified
+    ``folder`` itself, or a full copy under :func:`modnets.data.download_root`, downloaded and verified
     there when needed. A partial or read-only ``folder`` is never written into."""
     short = _short_classes(folder, _select_classes(classes, read_wnids(folder)))
     if not short:
