@@ -330,13 +330,13 @@ def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
         r["auto_vs_best"] = chosen / min(r["fused_ms"], r["reference_ms"])
     wins = [r["tokens"] for r in rows if r["speedup"] >= 1.0]
     worst = max(r["auto_vs_best"] for r in rows)
-    return _result("ModAttn fused vs eq. 7 reference (fwd+bwd)", rows, worst,
+    return _result("ModAttn fused vs NI eq. 7 reference (fwd+bwd)", rows, worst,
                    f"fused=None (fused from {auto} tokens) within 1.1x of the faster path",
                    worst <= 1.1, f"fused faster from T = {min(wins) if wins else '-'} on here")  # fmt: skip
 
 
 def bench_ni_fused(cfg: BenchConfig, device) -> dict:
-    """An NI training step at the experiments' configurations: fused ModAttn vs the eq. 7
+    """An NI training step at the experiments' configurations: fused ModAttn vs the NI eq. 7
     reference path (target >= 1.3x at the digits configuration), and the digits configuration
     with 4x4 patches (the paper's; 4x the tokens)."""
     rows = []
@@ -355,7 +355,7 @@ def bench_ni_fused(cfg: BenchConfig, device) -> dict:
                      "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
                      "speedup": times[False] / times[True]})  # fmt: skip
     ratio = rows[0]["speedup"]
-    return _result("NI training step: fused ModAttn vs eq. 7 reference", rows, ratio,
+    return _result("NI training step: fused ModAttn vs NI eq. 7 reference", rows, ratio,
                    ">= 1.3x at the digits configuration", ratio >= 1.3)  # fmt: skip
 
 
@@ -497,7 +497,7 @@ def bench_nac_vs_pio(cfg: BenchConfig, device) -> dict:
 
 
 def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
-    """Factorised vs naive read-in attention (eq. 4): time and activation memory of the attention
+    """Factorised vs naive read-in attention (NAC eq. 4): time and activation memory of the attention
     itself (the ModFFN after it is the same in both; target >= 10x less memory)."""
     U, N, d, B = cfg.readin_units, cfg.readin_tokens, cfg.readin_dim, cfg.readin_batch
     r = ReadIn(d, d, d).to(device)

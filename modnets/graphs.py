@@ -1,10 +1,10 @@
-"""Graph priors for Neural Attentive Circuits (NAC §2.2, App. A, eqs. 6-9).
+"""Graph priors for Neural Attentive Circuits (NAC §2.2, App. A, NAC eqs. 6-9).
 
 A *graphon* ``W: [0, 1]^2 -> [0, 1]`` describes a family of random graphs; sampled on the canonical
-grid ``r_u = u / (U - 1)`` it gives the prior link-probability matrix ``P0_ij = W(r_i, r_j)`` (eq. 7).
-:class:`GraphPriorRegularizer` pulls NAC's link probabilities ``P`` (eq. 2) towards ``P0`` up to a
-relabelling of the modules (eq. 6). The relabelling is a quadratic assignment problem; NAC
-approximates it with the Hungarian method on the row cost of eq. 9 (:func:`hungarian_permutation`),
+grid ``r_u = u / (U - 1)`` it gives the prior link-probability matrix ``P0_ij = W(r_i, r_j)`` (NAC eq. 7).
+:class:`GraphPriorRegularizer` pulls NAC's link probabilities ``P`` (NAC eq. 2) towards ``P0`` up to a
+relabelling of the modules (NAC eq. 6). The relabelling is a quadratic assignment problem; NAC
+approximates it with the Hungarian method on the row cost of NAC eq. 9 (:func:`hungarian_permutation`),
 which depends on how the modules are numbered. The regulariser instead uses
 :func:`match_permutation`, which does not, and finds better relabellings.
 """
@@ -38,15 +38,15 @@ def _blocks(num_nodes: int, num_blocks: int) -> Tensor:
 
 
 def graphon(name: str, num_nodes: int, **params) -> Tensor:
-    """The graphon ``name`` sampled on the grid (eq. 7): a symmetric ``(U, U)`` matrix in [0, 1].
+    """The graphon ``name`` sampled on the grid (NAC eq. 7): a symmetric ``(U, U)`` matrix in [0, 1].
 
     * ``erdos_renyi(p=0.1)``: every pair linked with probability ``p``.
     * ``planted_partition(num_blocks=4, p_in=0.9, p_out=0.02)``: a stochastic block model with
       equal blocks of consecutive nodes.
     * ``ring_of_cliques(num_cliques=8, p_in=1.0, p_ring=0.05)``: dense cliques, each linked to its
       two neighbours on a ring.
-    * ``scale_free(beta=0.5)``: eq. 8, ``U^beta / 16 (i + 1)^-beta (j + 1)^-beta`` clipped to 1. We
-      read the ``r_i`` of eq. 8 as the node *index* ``i``: on the unit grid ``(r + 1)^-beta`` varies
+    * ``scale_free(beta=0.5)``: NAC eq. 8, ``U^beta / 16 (i + 1)^-beta (j + 1)^-beta`` clipped to 1. We
+      read the ``r_i`` of NAC eq. 8 as the node *index* ``i``: on the unit grid ``(r + 1)^-beta`` varies
       only by a factor ``2^beta`` and no hubs appear, while index weights are the Chung-Lu weights of a
       graph with power-law degrees. The ``U^beta`` factor keeps the hub's expected degree near
       ``U / (16 (1 - beta))`` (``U / 8`` at ``beta = 0.5``); the density falls like ``U^-beta``.
@@ -83,16 +83,16 @@ def to_networkx(P: Tensor, threshold: float = 0.5) -> nx.Graph:
 
 
 def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Tensor:
-    """The relabelling ``sigma`` (module ``v`` -> prior node ``sigma[v]``) of eq. 6.
+    """The relabelling ``sigma`` (module ``v`` -> prior node ``sigma[v]``) of NAC eq. 6.
 
-    Step 0 solves the linear assignment on eq. 9's cost ``C_vw = sum_i (P_vi - P0_wi)^2`` (scipy's
-    Hungarian method). Eq. 9 compares rows without relabelling their columns, so it does not in
+    Step 0 solves the linear assignment on NAC eq. 9's cost ``C_vw = sum_i (P_vi - P0_wi)^2`` (scipy's
+    Hungarian method). NAC eq. 9 compares rows without relabelling their columns, so it does not in
     general recover a permutation of the prior; each ``refine_steps`` iteration re-solves with the
     columns of ``P0`` relabelled by the current ``sigma``: ``C_vw = sum_i (P_vi - P0_{w, sigma(i)})^2``.
     It is a heuristic (graph matching is hard): a randomly relabelled planted partition is recovered
     exactly; for a relabelled 24-node ring of cliques the cliques are recovered but the ring order
     is not (a residual loss of 0.45-0.72 remains, depending on the relabelling; chapter 8). It
-    starts from the identity, so its result depends on how the modules are numbered (eq. 6 of
+    starts from the identity, so its result depends on how the modules are numbered (NAC eq. 6 of
     the same ``P`` changes by up to 17 % when the modules are renumbered; chapter 8). :class:`GraphPriorRegularizer` no
     longer uses it, but :func:`match_permutation`.
     """
@@ -111,7 +111,7 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
     return sigma
 
 
-# ----------------------------------------------------------------------------- matching (eq. 6)
+# ----------------------------------------------------------------------------- matching (NAC eq. 6)
 
 DEFAULT_REFINE_STEPS = 10
 # Up to this many nodes, the sort steps for a Chung-Lu-like prior are followed by exact linear steps
@@ -136,7 +136,7 @@ def _check_refine_steps(refine_steps) -> int:
 
 
 def _symmetric_off_diagonal(M: Tensor, name: str = "P") -> np.ndarray:
-    """``(M + M^T) / 2`` in float64 with a zero diagonal: the matrix the matching sees. Eq. 6
+    """``(M + M^T) / 2`` in float64 with a zero diagonal: the matrix the matching sees. NAC eq. 6
     depends on ``sigma`` only through ``sum_{i != j} P_ij P0_{sigma(i) sigma(j)}``, which for a
     symmetric prior is the same sum over the symmetric part of ``P``."""
     A = M.detach().to("cpu", torch.float64).numpy()
@@ -177,7 +177,7 @@ def _canonical_order(A: np.ndarray) -> np.ndarray:
 def _twin_classes(B: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Class labels of the prior's nodes: ``u`` and ``w`` are twins when their rows agree
     everywhere except at columns ``u`` and ``w`` (an equivalence relation). Twins are
-    interchangeable in eq. 6: only how many modules go to each class matters."""
+    interchangeable in NAC eq. 6: only how many modules go to each class matters."""
     U = B.shape[0]
     candidates: dict[bytes, list[int]] = {}  # twins have equal sorted rows
     for u, row in enumerate(np.sort(B, axis=1)):
@@ -257,7 +257,7 @@ def _polish(S: np.ndarray, Bb: np.ndarray, p: np.ndarray, allowed: np.ndarray) -
 
 
 class _PriorMatcher:
-    """The relabelling search of eq. 6 for one prior; everything that depends only on the prior is
+    """The relabelling search of NAC eq. 6 for one prior; everything that depends only on the prior is
     computed once, here. See :func:`match_permutation` for the algorithm."""
 
     def __init__(self, prior: Tensor):
@@ -295,7 +295,7 @@ class _PriorMatcher:
         return self._blocks(A, refine_steps)
 
     def _value(self, A: np.ndarray, sigma: np.ndarray) -> float:
-        """``f(sigma) = sum_ij A_ij B_{sigma(i) sigma(j)}``; eq. 6 is ``const - 2 f``."""
+        """``f(sigma) = sum_ij A_ij B_{sigma(i) sigma(j)}``; NAC eq. 6 is ``const - 2 f``."""
         return float((A * _permuted(self.B, sigma)).sum())
 
     def _linear_steps(self, A: np.ndarray, sigma: np.ndarray, steps: int) -> np.ndarray:
@@ -481,9 +481,9 @@ def _match(P: Tensor, matcher: _PriorMatcher, refine_steps: int) -> tuple[np.nda
 
 def match_permutation(P: Tensor, prior: Tensor, refine_steps: int = DEFAULT_REFINE_STEPS) -> Tensor:
     """The relabelling ``sigma`` (module ``v`` -> prior node ``sigma[v]``) that
-    :class:`GraphPriorRegularizer` uses for eq. 6.
+    :class:`GraphPriorRegularizer` uses for NAC eq. 6.
 
-    Minimising eq. 6 over ``sigma`` is maximising ``f(sigma) = sum_{i != j} P_ij P0_{sigma(i)
+    Minimising NAC eq. 6 over ``sigma`` is maximising ``f(sigma) = sum_{i != j} P_ij P0_{sigma(i)
     sigma(j)}``, a quadratic assignment problem (NP-hard). The search:
 
     1. **Canonical order.** ``P`` is symmetrised (``f`` only sees ``(P + P^T) / 2``) and its
@@ -517,7 +517,7 @@ def match_permutation(P: Tensor, prior: Tensor, refine_steps: int = DEFAULT_REFI
     matrix product, and each search stops once ``f`` stops improving, or after ``refine_steps``
     steps. It is a heuristic: exact on randomly relabelled planted partitions, rings of cliques
     and scale-free priors; on such priors with Gaussian noise (sigma 0.05) relabelled, within
-    0.1 % of (or below) eq. 6 under the true relabelling; on ``P`` of random signatures within
+    0.1 % of (or below) NAC eq. 6 under the true relabelling; on ``P`` of random signatures within
     1-3 % of the best of 20 runs of scipy's FAQ (``quadratic_assignment``) at 64 modules and level
     with the best of 4 at 320; it finds the exact minimum in 35 of 40 random 5- and 6-node
     problems (``tests/test_graphs.py``). Known gap: on strongly clipped scale-free priors
@@ -528,7 +528,7 @@ def match_permutation(P: Tensor, prior: Tensor, refine_steps: int = DEFAULT_REFI
     --only graph_prior``): at ``U = 320``, 0.7 ms (Erdős-Rényi), 2-4 ms (scale-free, the NAC
     default), 3-6 ms (blocks and cliques near the prior) and 21-25 ms (blocks and cliques on
     ``P`` of random signatures); at ``U = 1,024``, 13 ms, 34-57 ms, 29-36 ms and 0.4-0.5 s. The
-    eq. 9 heuristic took 5-49 ms at 320 and 0.3-1.4 s at 1,024.
+    NAC eq. 9 heuristic took 5-49 ms at 320 and 0.3-1.4 s at 1,024.
     """
     _check_square("P", P)
     _check_square("prior", prior)
@@ -550,7 +550,7 @@ class GraphPriorRegularizer(nn.Module):
     canonical order, so relabelling the modules leaves it unchanged (bitwise, for ``P`` without
     exactly tied rows). What depends only on the prior is computed on the first call and kept.
     The priors of :func:`graphon` are symmetric; of a non-symmetric ``P`` or prior the search
-    sees the symmetric part (exact for eq. 6 when either matrix is symmetric).
+    sees the symmetric part (exact for NAC eq. 6 when either matrix is symmetric).
     ``refine_steps`` bounds each stage of the search (default 10; 0 keeps only the first
     assignment and the class ordering). The search runs on the CPU, whatever ``P``'s device.
     """

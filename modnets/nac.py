@@ -1,10 +1,10 @@
 """Neural Attentive Circuits (NAC §2): a circuit generator designs, a circuit executor runs.
 
-A *circuit design* gives each of ``U`` modules a signature ``s_u`` (who talks to whom, eq. 2), a
-code ``c_u`` (what it computes, eq. 1) and an initial state ``theta0_u``. ``U_p`` processor
+A *circuit design* gives each of ``U`` modules a signature ``s_u`` (who talks to whom, NAC eq. 2), a
+code ``c_u`` (what it computes, NAC eq. 1) and an initial state ``theta0_u``. ``U_p`` processor
 modules do the work and ``U_o`` read-out modules produce the output. The executor (§2.1) is
 
-    tokens X --read-in (eqs. 4-5)--> Theta1 --L propagators (SKMDPA + ModFFN)--> Theta(L+1)
+    tokens X --read-in (NAC eqs. 4-5)--> Theta1 --L propagators (SKMDPA + ModFFN)--> Theta(L+1)
             --read-out (SKMDPA cross-attention + ModFFN, confidence-weighted)--> logits
 
 Every per-module quantity is a row of one tensor, so all modules run in one batched call; a
@@ -80,8 +80,8 @@ class NACConfig:
         num_heads: heads of the propagators' and read-out's SKMDPA; read_in_heads: of the read-in.
         ffn_hidden, activation: ModFFN hidden width and ``"gelu"`` or ``"geglu"``.
         sig_dim, code_dim: ``d_sig`` and ``d_code``.
-        temperature, bandwidth, delta: ``tau`` (Concrete), ``epsilon`` (eq. 2), ``delta`` (eq. 3).
-        alpha: ModFC's modulation strength at initialisation (eq. 1); ``learn_alpha=False`` keeps it.
+        temperature, bandwidth, delta: ``tau`` (Concrete), ``epsilon`` (NAC eq. 2), ``delta`` (NAC eq. 3).
+        alpha: ModFC's modulation strength at initialisation (NAC eq. 1); ``learn_alpha=False`` keeps it.
         eval_kernel: SKMDPA's kernel at evaluation (``"probs"``, ``"threshold"``, ``"sample"``).
         share_layers: one set of propagator weights for all ``L`` layers (Table 4: no).
         generator: ``"unconditional"`` (free signatures and codes) or ``"conditional"`` (App. G).
@@ -94,7 +94,7 @@ class NACConfig:
         prior, prior_params: the graph prior of App. A (a name of :data:`modnets.graphs.GRAPHONS`
             or ``None``) and its graphon parameters; it regularises the mediators.
         truncation: ``P_ij = 0`` where the cosine distance of two signatures exceeds it (the
-            public code's 0.9; ``None`` is eq. 2 as printed, whose mean off-diagonal ``P`` cannot
+            public code's 0.9; ``None`` is NAC eq. 2 as printed, whose mean off-diagonal ``P`` cannot
             fall below ~0.36: chapter 7).
         straight_through: gradients of truncated pairs through the untruncated ``P`` (our
             option; the public code passes none).
@@ -359,7 +359,7 @@ class ConditionalCircuitGenerator(nn.Module):
 class ModulatedAttention(nn.Module):
     """SKMDPA with ModFC projections, each conditioned on its own module's code (NAC §2).
 
-    ``q_i = ModFC(x_i; c_i)``, ``k_j = ModFC(y_j; c_j)``, ``v_j = ModFC(y_j; c_j)``, then eq. 3,
+    ``q_i = ModFC(x_i; c_i)``, ``k_j = ModFC(y_j; c_j)``, ``v_j = ModFC(y_j; c_j)``, then NAC eq. 3,
     then an output ModFC with the query module's code.
 
     Shapes: queries ``(B, Uq, d)`` with codes ``(Uq or B x Uq, d_code)`` and signatures; keys and
@@ -610,7 +610,7 @@ class NeuralAttentiveCircuit(nn.Module):
 
     # -- pruning (App. F) -------------------------------------------------------------------------
     def module_importance(self) -> Tensor:
-        """``q_i = sum_j P_ij`` over the mediators ``j`` (NAC App. F, eq. 10): ``(U_p,)``, every
+        """``q_i = sum_j P_ij`` over the mediators ``j`` (NAC App. F, NAC eq. 10): ``(U_p,)``, every
         processor module's degree in the graph the prior regularises (with ``num_read_in = 0``,
         the sum over all processor modules)."""
         if self.config.generator != "unconditional":

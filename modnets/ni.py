@@ -2,12 +2,12 @@
 
 The hierarchy, from the inside out (NI §2):
 
-* :class:`~modnets.nn.loc.LOC` -- attention + MLP in one stream per function (eqs. 9-10).
-* :class:`Interpreter` -- ``n_l`` LOCs; the streams are then pooled back by compatibility (eq. 11).
-* :class:`FunctionIteration` -- type matching, then the interpreter (eqs. 12-13).
+* :class:`~modnets.nn.loc.LOC` -- attention + MLP in one stream per function (NI eqs. 9-10).
+* :class:`Interpreter` -- ``n_l`` LOCs; the streams are then pooled back by compatibility (NI eq. 11).
+* :class:`FunctionIteration` -- type matching, then the interpreter (NI eqs. 12-13).
 * :class:`Script` -- a set of functions ``(s_u, c_u)`` and ``n_i`` function iterations that share
-  all parameters (eq. 14).
-* :class:`NeuralInterpreter` -- a tokeniser, CLS tokens, ``n_s`` scripts and heads (eq. 1).
+  all parameters (NI eq. 14).
+* :class:`NeuralInterpreter` -- a tokeniser, CLS tokens, ``n_s`` scripts and heads (NI eq. 1).
 
 All function streams live in one tensor of shape ``(batch, functions, tokens, dim)``; there is no
 Python loop over functions or heads.
@@ -63,7 +63,7 @@ class NIConfig:
         truncation: ``tau`` in (0, 2]. sigma: initial kernel bandwidth. eps: NI's epsilon.
         learn_signatures: train the signatures (default: fixed at init, NI §2 "collapse").
         straight_through: straight-through truncation of the kernel (public code's option).
-        residual: how eq. 11 pools the streams; see :class:`Interpreter`.
+        residual: how NI eq. 11 pools the streams; see :class:`Interpreter`.
 
     Input and output:
         input_kind: ``"image"`` (patches) or ``"vector"`` (one token per element).
@@ -178,17 +178,17 @@ class NIOutput:
 class Interpreter(nn.Module):
     """``n_l`` LOCs over the function streams, pooled back by compatibility (NI eq. 11).
 
-    Eq. 11 read literally is ``y_i = x_i + sum_u C_ui LOCs(x)_ui``. Each LOC already carries a
-    residual (eqs. 9-10), so ``LOCs(x)_ui = x_i + delta_ui`` and the literal form gives
+    NI eq. 11 read literally is ``y_i = x_i + sum_u C_ui LOCs(x)_ui``. Each LOC already carries a
+    residual (NI eqs. 9-10), so ``LOCs(x)_ui = x_i + delta_ui`` and the literal form gives
     ``y_i = (1 + sum_u C_ui) x_i + ...``: a matched token is *doubled* by every function
     iteration, and 8 iterations scale it by up to 256 (chapter 4 measures this). We therefore pool
     the streams' *updates* by default (``residual="delta"``)::
 
         y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)
 
-    which keeps both properties the paper derives from eq. 11 (``C_ui = 0`` for all ``u`` gives
+    which keeps both properties the paper derives from NI eq. 11 (``C_ui = 0`` for all ``u`` gives
     ``y_i = x_i``; nothing depends on the number of functions) and equals the public code's
-    "gating" residual. ``residual="literal"`` gives eq. 11 as printed.
+    "gating" residual. ``residual="literal"`` gives NI eq. 11 as printed.
 
     Shapes: x ``(B, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, T, d)``.
     """
@@ -321,7 +321,7 @@ class Script(nn.Module):
         mask = self._mask(function_mask)
         signatures, codes = self.signatures, self.codes
         compats, types = [], []
-        for _ in range(n):  # iterations are sequential by definition (eq. 14)
+        for _ in range(n):  # iterations are sequential by definition (NI eq. 14)
             x, compat, t = self.iteration(x, signatures, codes, mask)
             if return_routing:
                 compats.append(compat)

@@ -1,4 +1,4 @@
-"""NAC App. A: graphons (eqs. 7-8) and the graph-prior regulariser (eqs. 6, 9)."""
+"""NAC App. A: graphons (NAC eqs. 7-8) and the graph-prior regulariser (NAC eqs. 6, 9)."""
 
 import itertools
 
@@ -95,11 +95,11 @@ def test_regularizer_gradient_moves_p_towards_prior():
     assert np.isfinite(loss.item())
 
 
-# ----------------------------------------------------------------------------- the matching (eq. 6)
+# ----------------------------------------------------------------------------- the matching (NAC eq. 6)
 
 
 def eq6(P, prior, sigma):
-    """Eq. 6 for a given relabelling, diagonal excluded."""
+    """NAC eq. 6 for a given relabelling, diagonal excluded."""
     residual = (P.double() - prior.double()[sigma][:, sigma]) ** 2
     return (residual.sum() - residual.diagonal().sum()).item()
 
@@ -148,7 +148,7 @@ def test_regularizer_is_zero_on_a_relabelled_prior(name, U, params):
 
 @pytest.mark.parametrize("name", GRAPHONS)
 def test_regularizer_finds_the_relabelling_of_a_noisy_prior(name):
-    """Within 2 % of eq. 6 under the true relabelling (less where noise lets another fit better)."""
+    """Within 2 % of NAC eq. 6 under the true relabelling (less where noise lets another fit better)."""
     U = 64
     prior = graphon(name, U)
     reg = GraphPriorRegularizer(prior)
@@ -161,7 +161,7 @@ def test_regularizer_finds_the_relabelling_of_a_noisy_prior(name):
 
 def test_regularizer_reaches_the_brute_force_minimum_on_small_problems():
     """A heuristic, but on 5 and 6 nodes (random prior, all U! relabellings tried) it finds the
-    minimum of eq. 6 in 35 of 40 cases and is never more than 3.2 % above it (the eq. 9 heuristic
+    minimum of NAC eq. 6 in 35 of 40 cases and is never more than 3.2 % above it (the NAC eq. 9 heuristic
     it replaced: 0 of 40, up to 4x)."""
     ratios = []
     for U in (5, 6):

@@ -56,7 +56,7 @@ def test_evaluation_deterministic_training_seeded():
 
 
 def test_blocked_link_carries_no_message():
-    """K_ij ~ 0 => perturbing module j leaves module i unchanged after a propagator (eq. 3)."""
+    """K_ij ~ 0 => perturbing module j leaves module i unchanged after a propagator (NAC eq. 3)."""
     torch.manual_seed(0)
     cfg = tiny(eval_kernel="threshold", bandwidth=0.1)
     layer = Propagator(cfg).eval()
@@ -77,7 +77,7 @@ def test_drop_modules_shrinks_and_equals_masking():
     x = torch.randn(3, 5, 6)
     q = model.module_importance()
     order = model.drop_order()
-    assert (q[order[:-1]] <= q[order[1:]]).all()  # least connected first (App. F, eq. 10)
+    assert (q[order[:-1]] <= q[order[1:]]).all()  # least connected first (App. F, NAC eq. 10)
     for n in (0, 4, 11):
         small = model.drop_modules(n)
         assert small.config.num_processors == 12 - n
@@ -157,7 +157,7 @@ def test_signatures_alone_can_meet_a_scale_free_prior():
     """NAC App. A with the truncated kernel and a learnable bandwidth: optimising only the
     signatures (and epsilon) on the graph loss brings the mean link probability within a factor 2
     of the prior's density, gives hubs (coefficient of variation of q_i > 0.15), and orders the
-    modules like the matched prior nodes (Spearman >= 0.7). With eq. 2 as printed (epsilon = 1)
+    modules like the matched prior nodes (Spearman >= 0.7). With NAC eq. 2 as printed (epsilon = 1)
     it cannot."""
     from scipy.stats import spearmanr
 
@@ -168,7 +168,7 @@ def test_signatures_alone_can_meet_a_scale_free_prior():
         cfg = tiny(num_processors=64, sig_dim=16, prior="scale_free", truncation=truncation,
                    straight_through=True)  # fmt: skip
         model = NeuralAttentiveCircuit(cfg)
-        # untruncated, epsilon is kept at 1: the floor of eq. 2 is exp(-(1 + 1/(U-1)) / epsilon)
+        # untruncated, epsilon is kept at 1: the floor of NAC eq. 2 is exp(-(1 + 1/(U-1)) / epsilon)
         params = [model.generator.signatures] + ([model.bandwidth] if truncation else [])
         opt = torch.optim.Adam(params, lr=1e-2)
         for _ in range(600):

@@ -29,7 +29,7 @@ def streams(B=2, U=3, T=5, d=16, dc=8):
     return x, codes, compat
 
 
-# ---------------------------------------------------------------- type matching (eqs. 2-3)
+# ---------------------------------------------------------------- type matching (NI eqs. 2-3)
 
 
 def test_types_and_signatures_have_unit_norm():
@@ -87,11 +87,11 @@ def test_type_matching_rejects_bad_hyperparameters(field, value):
         modnets.TypeMatching(**{field: value})
 
 
-# ---------------------------------------------------------------- ModAttn (eqs. 6-8)
+# ---------------------------------------------------------------- ModAttn (NI eqs. 6-8)
 
 
 def modattn_loop_reference(attn, x, codes, compat):
-    """Eqs. 6-8 one function and one head at a time."""
+    """NI eqs. 6-8 one function and one head at a time."""
     B, U, T, d = x.shape
     H, dh = attn.num_heads, attn.head_dim
     out = torch.zeros_like(x)
@@ -133,7 +133,7 @@ def _zeroed_streams(dtype=torch.float64, B=2, U=3, T=6, d=8, tiny=True):
 
 
 def test_modattn_fused_equals_eq7_reference_eps_included():
-    # The fused path computes C_i N_i / (eps + C_i D_i): eq. 7 exactly, eps included, so the two
+    # The fused path computes C_i N_i / (eps + C_i D_i): NI eq. 7 exactly, eps included, so the two
     # agree to rounding (float64: 1e-12) even where C_i is tiny and eps shapes the row.
     attn = modnets.ModAttn(8, 4, num_heads=2).double()
     x, codes, compat = _zeroed_streams()
@@ -155,7 +155,7 @@ def test_modattn_fused_equals_eq7_reference_eps_included():
 
 
 def test_modattn_fused_gradcheck_with_exact_zeros():
-    # Eq. 7's output C_i N_i / (eps + C_i D_i) changes by O(1) within |C_i| ~ eps of an exact
+    # NI eq. 7's output C_i N_i / (eps + C_i D_i) changes by O(1) within |C_i| ~ eps of an exact
     # zero, so finite differences (step 1e-6) cannot be taken *at* a zero: the zeros stay exact
     # and fixed, and gradcheck perturbs x, the codes and the non-zero compatibilities (the test
     # below checks the gradients at the zeros against the reference: finite and equal).
@@ -232,7 +232,7 @@ def test_modattn_rows_sum_to_one_or_zero_and_renormalise_not_resoftmax():
     # (a second softmax instead of the division would give weight to the masked key)
 
 
-# ---------------------------------------------------------------- LOC (eqs. 9-10)
+# ---------------------------------------------------------------- LOC (NI eqs. 9-10)
 
 
 def loc_loop_reference(loc, x, codes, compat):
@@ -276,7 +276,7 @@ def test_interpreter_leaves_unmatched_tokens_unchanged(residual):
 
 
 def test_interpreter_residual_forms():
-    """'delta' pools the streams' updates; 'literal' is eq. 11 as printed and adds x once more."""
+    """'delta' pools the streams' updates; 'literal' is NI eq. 11 as printed and adds x once more."""
     torch.manual_seed(1)
     interp = modnets.Interpreter(16, 8, num_locs=1, num_heads=2)
     x = torch.randn(2, 5, 16)
@@ -511,7 +511,7 @@ def test_modattn_bias_enters_the_logits_before_the_softmax(fused):
     compat = torch.rand(B, U, T)
     compat[0, 1, 2] = 0.0
     bias = torch.randn(U, H, T, T, requires_grad=True)
-    w = attn.attention_weights(x, codes, compat, bias)  # the readable eq. 7, logits + bias
+    w = attn.attention_weights(x, codes, compat, bias)  # the readable NI eq. 7, logits + bias
     c = codes[:, None, :]
     v = attn._heads(attn.value(x, c))
     expected = attn.out(torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2), c)

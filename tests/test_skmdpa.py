@@ -122,7 +122,7 @@ def test_query_without_links_reads_nothing():
 
 
 def test_untruncated_kernel_has_a_mean_floor():
-    """Eq. 2 as printed: mean off-diagonal P >= exp(-(1 + 1/(U-1))) for any signatures (Jensen +
+    """NAC eq. 2 as printed: mean off-diagonal P >= exp(-(1 + 1/(U-1))) for any signatures (Jensen +
     sum_ij cos_ij = |sum_i s_i|^2 >= 0), even for signatures pushed apart."""
     U = 32
     floor = math.exp(-(1 + 1 / (U - 1)))

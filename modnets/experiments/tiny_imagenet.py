@@ -145,7 +145,7 @@ class TinyImageNetTrain:
     augment: str | None = "gpu"  # smoke/cpu: crop + flip; gpu: + RandAugment; None: none
     mixup: float = 0.0
     cutmix: float = 0.0
-    graph_weight: float = 1.0  # times the *mean* squared deviation of eq. 6 over pairs
+    graph_weight: float = 1.0  # times the *mean* squared deviation of NAC eq. 6 over pairs
     circuit_lr: float | None = None  # the NAC's signatures' and bandwidth's own rate (None: lr)
     tokenizer: dict = field(default_factory=lambda: {"hidden_channels": 96,
                                                      "out_channels": 384, "pos_dim": 64})  # fmt: skip
@@ -312,7 +312,7 @@ def _full_precision(device: torch.device):
 
 
 def graph_penalty(model: nn.Module) -> Tensor | None:
-    """The NAC's graph-prior regulariser, eq. 6 as a mean over ordered pairs (None without one)."""
+    """The NAC's graph-prior regulariser, NAC eq. 6 as a mean over ordered pairs (None without one)."""
     if isinstance(model, NeuralAttentiveCircuit) and model.graph_prior is not None:
         U = model.config.num_processors
         with _full_precision(model.read_out.head.weight.device):

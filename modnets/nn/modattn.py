@@ -1,8 +1,8 @@
 """ModAttn: kernel-modulated, code-conditioned self-attention in parallel function streams (NI eqs. 6-8).
 
 Each function ``u`` attends within its own stream with queries, keys and values from ModLins
-programmed by its code ``c_u`` (eq. 6). The softmax weights are then multiplied by the
-compatibilities of both tokens and renormalised over keys (eq. 7)::
+programmed by its code ``c_u`` (NI eq. 6). The softmax weights are then multiplied by the
+compatibilities of both tokens and renormalised over keys (NI eq. 7)::
 
     W~_uhij = C_ui C_uj softmax_j(q_uhi . k_uhj / sqrt(d_key))
     W_uhij  = W~_uhij / (eps + sum_j W~_uhij)
@@ -14,8 +14,8 @@ The forward pass never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = sof
 ``sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)`` where ``N_i = sum_j s_ij C_j v_j`` and
 ``D_i = sum_j s_ij C_j``: one ``F.scaled_dot_product_attention`` over values ``[C_j v_j, C_j]``
 gives both (queries and keys padded with a zero channel, so all three share a head width and the
-fused CPU / GPU kernels apply). That is eq. 7 exactly, ``eps`` included, with no ``log C``: exact
-zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable eq. 7,
+fused CPU / GPU kernels apply). That is NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact
+zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7,
 and ``fused=False`` runs the forward pass through it.
 
 Which is faster depends on the number of tokens ``T``. On CUDA the fused kernels win. On a CPU
@@ -64,16 +64,16 @@ def check_streams(x: Tensor, codes: Tensor, compat: Tensor, dim: int, code_dim: 
 class ModAttn(nn.Module):
     """Modulated multi-head self-attention, NI eqs. 6-8, over all function streams at once.
 
-    The per-head ModLins of eq. 6 are the row blocks of one ModLin per projection, so all heads
+    The per-head ModLins of NI eq. 6 are the row blocks of one ModLin per projection, so all heads
     share the conditioning matrix ``W_c`` (as in the public NI code) and keep their own weights.
 
     Args:
         dim: token width ``d``.
         code_dim: ``d_code``.
         num_heads: ``H``; must divide ``dim``.
-        eps: ``epsilon`` of the renormalisation (eq. 7).
+        eps: ``epsilon`` of the renormalisation (NI eq. 7).
         fused: ``True``: the forward pass through ``F.scaled_dot_product_attention``;
-            ``False``: through :meth:`attention_weights` (the readable eq. 7, ``(B, U, H, T, T)``
+            ``False``: through :meth:`attention_weights` (the readable NI eq. 7, ``(B, U, H, T, T)``
             in memory); ``None`` (default): whichever is faster here (see the module's docstring).
 
     Shapes:
@@ -110,7 +110,7 @@ class ModAttn(nn.Module):
     def attention_weights(
         self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
     ) -> Tensor:
-        """The modulated weights ``W_uhij`` of eq. 7: shape ``(B, U, H, T, T)``; rows sum to ~1
+        """The modulated weights ``W_uhij`` of NI eq. 7: shape ``(B, U, H, T, T)``; rows sum to ~1
         where ``C_ui > 0`` and are zero where ``C_ui = 0``."""
         c = codes[:, None, :]  # broadcast each function's code over tokens
         q = self._heads(self.query(x, c))

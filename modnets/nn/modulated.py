@@ -5,9 +5,9 @@ vector computed from a code ``c``. Many modules can share one weight matrix ``W`
 different functions, because each brings its own code. Only the code (``d_code`` numbers) is per
 module; ``W``, ``b`` and the conditioning matrix ``W_c`` are shared.
 
-* :class:`ModLin` -- Neural Interpreters, eq. 4: ``y = W (x * LayerNorm(W_c c)) + b``.
-* :class:`ModMLP` -- Neural Interpreters, eq. 5: ``L`` ModLins sharing ``c`` with GELU between.
-* :class:`ModFC` -- Neural Attentive Circuits, eq. 1: ``y = W (x * (1 + alpha LayerNorm(W_c c))) + b``.
+* :class:`ModLin` -- NI eq. 4: ``y = W (x * LayerNorm(W_c c)) + b``.
+* :class:`ModMLP` -- NI eq. 5: ``L`` ModLins sharing ``c`` with GELU between.
+* :class:`ModFC` -- NAC eq. 1: ``y = W (x * (1 + alpha LayerNorm(W_c c))) + b``.
 * :class:`ModFFN` -- NAC §2: ModFCs sharing ``c`` with GELU or GEGLU between.
 
 Shapes. ``x`` is ``(..., d_in)`` and ``code`` is ``(..., d_code)``; their leading dimensions
@@ -274,7 +274,7 @@ def modffn_parameter_count(
 
     Returns the formula of NAC App. B.1, ``L (2 d_in d_h + 2 d_c d_h) + U d_c``, and the exact count
     of this implementation. They differ because App. B.1 counts the first layer's conditioning
-    matrix as ``d_c x d_h`` where eq. 1 makes it ``d_in x d_c``, and leaves out biases and alpha;
+    matrix as ``d_c x d_h`` where NAC eq. 1 makes it ``d_in x d_c``, and leaves out biases and alpha;
     both grow with the number of modules by exactly ``U d_c``.
     """
     L, d_in, d_h, d_c, U = num_ffns, in_features, hidden_features, code_features, num_modules

@@ -6,7 +6,7 @@ Each processor module ``u`` reads the inputs ``x_j`` through its own keys and va
     y^_u = sum_j softmax_j(q_u . k_uj / sqrt(d)) v_uj,  y_u = ModFC(y^_u, c_u),
     theta'_u = ModFFN(y_u, c_u)                                                     (5)
 
-Eq. 5 as extracted shows no softmax; we use one, as every cross-attention it builds on does
+NAC eq. 5 as extracted shows no softmax; we use one, as every cross-attention it builds on does
 (Perceiver IO), and say so here.
 
 Per-module keys and values would be a ``(batch, U, N, d)`` tensor. Because a ModFC is linear in its
@@ -39,7 +39,7 @@ def _per_module(m: Tensor) -> Tensor:
 class ReadIn(nn.Module):
     """Read-in attention followed by a ModFFN (NAC eqs. 4-5), all modules at once.
 
-    Around eqs. 4-5 we put the pre-LayerNorm residual wiring of Perceiver IO's cross-attention and
+    Around NAC eqs. 4-5 we put the pre-LayerNorm residual wiring of Perceiver IO's cross-attention and
     of the public NAC code (the equations show only the attention and the ModFFN)::
 
         y  = theta0 + ModFC(attend(LN(x), LN(theta0)), c)
@@ -86,7 +86,7 @@ class ReadIn(nn.Module):
         return y + self.ffn(self.norm_ffn(y), codes)
 
     def attend(self, x: Tensor, q: Tensor, codes: Tensor) -> Tensor:
-        """Eqs. 4-5's attention without per-module keys/values: ``(B, N, d_in)`` -> ``(B, U, d)``."""
+        """NAC eqs. 4-5's attention without per-module keys/values: ``(B, N, d_in)`` -> ``(B, U, d)``."""
         B, U, _ = q.shape
         H = self.num_heads
         dh = self.dim // H
@@ -102,7 +102,7 @@ class ReadIn(nn.Module):
         return y_hat.reshape(B, U, self.dim)  # rows of w sum to 1, so the bias passes through
 
     def naive_attend(self, x: Tensor, q: Tensor, codes: Tensor) -> Tensor:
-        """Eq. 4 with explicit per-module keys and values ``(B, U, N, d)`` (the test reference)."""
+        """NAC eq. 4 with explicit per-module keys and values ``(B, U, N, d)`` (the test reference)."""
         B, U, _ = q.shape
         N, H = x.shape[1], self.num_heads
         dh = self.dim // H

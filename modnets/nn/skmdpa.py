@@ -1,15 +1,15 @@
-"""Stochastic Kernel Modulated Dot-Product Attention (NAC §2, eqs. 2-3).
+"""Stochastic Kernel Modulated Dot-Product Attention (NAC §2, NAC eqs. 2-3).
 
 Modules communicate only where their *signatures* are close. The link probability of query module
 ``i`` and key module ``j`` is (NAC eq. 2)::
 
     P_ij = exp(-d(s_i, s_j) / epsilon),       d = 1 - cos(s_i, s_j)
 
-As printed, eq. 2 cannot become sparse: ``d <= 2`` gives ``P >= e^-2`` at ``epsilon = 1``, and
+As printed, NAC eq. 2 cannot become sparse: ``d <= 2`` gives ``P >= e^-2`` at ``epsilon = 1``, and
 because ``U`` unit vectors cannot all point apart (``sum_ij cos_ij = |sum_i s_i|^2 >= 0``) the
 mean off-diagonal ``P`` is at least ``exp(-(1 + 1/(U-1)))`` (~0.36, Jensen), whatever the
 training. The public NAC code *truncates* the kernel -- ``P_ij = 0`` where ``d > 0.9`` -- and
-learns ``epsilon``; this module does the same (``truncation=None`` gives eq. 2 as printed). The
+learns ``epsilon``; this module does the same (``truncation=None`` gives NAC eq. 2 as printed). The
 public code passes no gradient through a truncated pair (its straight-through flag acts on a
 distance it sets to infinity); ``straight_through=True`` is our option: the forward value is the
 truncated ``P`` (exact zeros), the gradient that of the untruncated ``P``.
@@ -90,12 +90,12 @@ class SKMDPA(nn.Module):
 
     Args:
         num_heads: heads; the feature width must be divisible by it.
-        bandwidth: ``epsilon`` of eq. 2: a positive float, or a scalar tensor (e.g. a learnable
+        bandwidth: ``epsilon`` of NAC eq. 2: a positive float, or a scalar tensor (e.g. a learnable
             parameter a NAC shares among all its attentions).
         temperature: ``tau`` of the Concrete distribution (NAC uses 0.5).
-        delta: ``delta`` of eq. 3.
+        delta: ``delta`` of NAC eq. 3.
         eval_kernel: ``"probs"`` (default), ``"threshold"`` or ``"sample"``.
-        truncation: ``P = 0`` where the cosine distance exceeds it (``None``: eq. 2 as printed).
+        truncation: ``P = 0`` where the cosine distance exceeds it (``None``: NAC eq. 2 as printed).
         straight_through: the gradient of a truncated pair is the untruncated one.
         per_example: in training, one kernel sample per example (public code); ``False``: one
             per forward pass, shared by the batch.
@@ -145,7 +145,7 @@ class SKMDPA(nn.Module):
         )
 
     def probabilities(self, sig_q: Tensor, sig_k: Tensor) -> Tensor:
-        """``P`` of eq. 2 with this attention's bandwidth and truncation."""
+        """``P`` of NAC eq. 2 with this attention's bandwidth and truncation."""
         return link_probabilities(
             sig_q, sig_k, self.bandwidth, self.truncation, self.straight_through
         )
@@ -163,7 +163,7 @@ class SKMDPA(nn.Module):
     def log_kernel(
         self, sig_q, sig_k, key_mask=None, edge_mask=None, shape=None, device=None, batch=None
     ) -> Tensor:
-        """``log K^`` of eq. 3: ``(..., Uq, Uk)`` (``(batch, Uq, Uk)`` when sampled per example).
+        """``log K^`` of NAC eq. 3: ``(..., Uq, Uk)`` (``(batch, Uq, Uk)`` when sampled per example).
 
         Without signatures (``sig_q = sig_k = None``) the kernel is dense, ``K = 1`` (of the given
         ``shape``): ``log K^`` is then constant along each row and the softmax is plain attention,

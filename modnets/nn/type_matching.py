@@ -2,13 +2,13 @@
 
 Every set element ``x_i`` gets a *type* ``t_i``, a unit vector on the ``d_type``-dimensional
 hypersphere, and every function ``u`` has a *signature* ``s_u`` on the same sphere. A function may
-read an element only when the two are close (NI §2, eqs. 2-3)::
+read an element only when the two are close (NI §2, NI eqs. 2-3)::
 
     d_ui  = 1 - s_u . t_i                      (cosine distance, in [0, 2])
     C~_ui = exp(-d_ui / sigma)  if d_ui < tau  else 0
     C_ui  = C~_ui / (eps + sum_u C~_ui)
 
-Direction of the truncation: the extracted eq. 3 reads "if d > tau", but the prose ("if this
+Direction of the truncation: the extracted NI eq. 3 reads "if d > tau", but the prose ("if this
 compatibility is larger than a threshold, f_u is permitted access") and the public code keep pairs
 whose distance is *below* tau. We follow the prose and the code; a failed public reproduction
 inverted this mask.
@@ -93,7 +93,7 @@ class TypeMatching(nn.Module):
     def kernel(
         self, types: Tensor, signatures: Tensor, function_mask: Tensor | None = None
     ) -> Tensor:
-        """The unnormalised, truncated kernel ``C~`` (eq. 3): shape ``(B, U, T)``, values in [0, 1].
+        """The unnormalised, truncated kernel ``C~`` (NI eq. 3): shape ``(B, U, T)``, values in [0, 1].
 
         ``function_mask`` (``(U,)`` bool, True = active) zeroes masked functions, which is the same
         as removing them.
@@ -111,7 +111,7 @@ class TypeMatching(nn.Module):
     def forward(
         self, types: Tensor, signatures: Tensor, function_mask: Tensor | None = None
     ) -> Tensor:
-        """Compatibilities ``C`` (eq. 2): ``C~`` normalised over functions; ``sum_u C_ui <= 1``."""
+        """Compatibilities ``C`` (NI eq. 2): ``C~`` normalised over functions; ``sum_u C_ui <= 1``."""
         k = self.kernel(types, signatures, function_mask)
         return k / (self.eps + k.sum(dim=1, keepdim=True))
 
