@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +23,6 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from modnets.baselines import PerceiverIO, ViT
@@ -36,6 +34,7 @@ from modnets.nn.modulated import ModFC, ModLin
 from modnets.nn.read_in import ReadIn
 from modnets.profiles import get_profile, select
 from modnets.threads import GOMP_SPINCOUNT
+from modnets.timing import median_time, saved_bytes
 
 __all__ = [
     "BenchConfig",
@@ -115,45 +114,6 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- measuring
-
-
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 2,
-                device: torch.device | str = "cpu", min_run_time: float = 0.2) -> float:  # fmt: skip
-    """Median time of one call of ``fn()`` in seconds, measured by ``torch.utils.benchmark``.
-
-    After ``warmup`` calls, :meth:`~torch.utils.benchmark.Timer.blocked_autorange` times blocks
-    of calls (block size chosen so that the timer's own overhead does not count) for at least
-    ``min_run_time`` seconds, and at least ``repeats`` blocks; the median is over blocks. The
-    timer runs at torch's current thread count and synchronises CUDA. ``device`` is accepted
-    for the callers' sake: the synchronisation does not need it."""
-    del device
-    for _ in range(warmup):
-        fn()
-    timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    m = timer.blocked_autorange(min_run_time=min_run_time)
-    times = list(m.times)
-    while len(times) < repeats:
-        times.extend(timer.timeit(m.number_per_run).times)
-    return statistics.median(times)
-
-
-def saved_bytes(fn: Callable[[], Tensor]) -> int:
-    """Bytes of the tensors autograd keeps for the backward pass of ``fn()`` (activation memory;
-    counted the same way on every device)."""
-    total = 0
-    seen: set[int] = set()
-
-    def pack(t: Tensor):
-        nonlocal total
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
 
 
 def fit_exponent(xs, ys) -> float:

@@ -31,6 +31,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from modnets.experiments import harness
+from modnets.timing import saved_bytes
 
 __all__ = [
     "GPU",
@@ -117,25 +118,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def _measure(part: harness.DryRun) -> tuple[float, float]:
-    """Bytes autograd keeps for backward, and FLOPs of forward + backward, on the dry run's
-    batch (``part.samples`` examples; parameters are not counted as activations)."""
+    """Bytes autograd keeps for backward (:func:`modnets.timing.saved_bytes`; the parameters
+    are not activations), and FLOPs of forward + backward, on the dry run's batch
+    (``part.samples`` examples)."""
     model = part.model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in params:
-            seen[ptr] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with FlopCounterMode(display=False) as counter:
-            loss = part.loss(model)
-            loss.backward()
+    with FlopCounterMode(display=False) as counter:
+        saved = saved_bytes(lambda: part.loss(model).backward(), exclude=model.parameters())
     model.zero_grad(set_to_none=True)
-    return float(sum(seen.values())), float(counter.get_total_flops())
+    return float(saved), float(counter.get_total_flops())
 
 
 def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimate]:

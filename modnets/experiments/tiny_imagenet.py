@@ -36,7 +36,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from modnets import diagnostics, distributed, probes
 from modnets.baselines import PerceiverIO
-from modnets.benchmarks import median_time
 from modnets.data import DatasetNotFoundError
 from modnets.data import tiny_imagenet as tin
 from modnets.data.tiny_imagenet import (
@@ -58,6 +57,7 @@ from modnets.experiments.harness import fmt, load_or_train, per_seed, seed_stats
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
 from modnets.profiles import get_profile, select
+from modnets.timing import median_time
 from modnets.training import TrainConfig, autocast, fit
 from modnets.utils import default_device, seed_everything
 
