@@ -98,8 +98,8 @@ class Estimate:
         return self.static_bytes + self.activation_bytes / accumulate
 
     def accumulation(self, gpu: GPU) -> int | None:
-        """The smallest accumulation (a divisor of the batch, a power of two where it can be)
-        whose micro-batch fits ``gpu``; None if even one example does not."""
+        """The smallest divisor ``a`` of the batch whose micro-batches (``batch / a``) fit
+        ``gpu``; None if even one example at a time does not."""
         budget = HEADROOM * gpu.memory_gib * 2**30
         for a in _divisors(self.batch_size):
             if self.peak_bytes(a) <= budget:
@@ -203,8 +203,7 @@ def table(estimates: list[Estimate], markdown: bool = False) -> str:
             late = (
                 " (> a Colab session)" if gpu.name.startswith("Colab") and h > COLAB_HOURS else ""
             )
-            rows_time = _hours(h) + late if e.steps else "-"
-            row.append(f"{fit} / {rows_time}")
+            row.append(f"{fit} / {_hours(h) + late if e.steps else '-'}")
         rows.append(row)
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
