@@ -184,7 +184,7 @@ def test_modattn_fused_gradients_equal_reference_and_are_finite():
         torch.testing.assert_close(fused, reference, atol=1e-9, rtol=1e-7)
 
 
-def _largest_saved(attn, x, codes, compat) -> int:
+def _largest_saved(attn, x, codes, compat, bias=None) -> int:
     sizes = []
 
     def pack(t):
@@ -192,7 +192,7 @@ def _largest_saved(attn, x, codes, compat) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        attn(x, codes, compat)
+        attn(x, codes, compat, bias)
     return max(sizes)
 
 
@@ -210,6 +210,22 @@ def test_modattn_fused_saves_no_attention_weights(T):
     attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
     fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
     assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
+
+
+def test_modattn_auto_keeps_reference_for_a_learned_bias_on_cpu():
+    """torch's fused CPU kernel gives no gradient to an attention bias and falls back to a math
+    kernel that keeps the weights; ``fused=None`` then takes the (faster) reference path."""
+    B, U, H, T = 2, 3, 2, 70
+    attn = modnets.ModAttn(8, 4, num_heads=H)
+    x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
+    bias = torch.randn(U, H, T, T, requires_grad=True)
+    weights = B * U * H * T * T
+    attn.fused = False
+    reference = attn(x, codes, compat, bias)
+    attn.fused = None
+    torch.testing.assert_close(attn(x, codes, compat, bias), reference, rtol=0, atol=0)
+    assert _largest_saved(attn, x, codes, compat, bias) >= weights  # the reference ran
+    assert _largest_saved(attn, x, codes, compat) < weights  # no bias: fused (the check can fail)
 
 
 def test_modattn_rejects_bad_fused():

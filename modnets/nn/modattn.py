@@ -26,6 +26,11 @@ larger than the queries, and the kernel's per-head overhead dominates) and 2.4-3
 the thread policy of :mod:`modnets.threads`: about 64). ``fused=None`` (the default) therefore
 picks the fused kernel on CUDA and, on a CPU, from :data:`FUSED_MIN_TOKENS` tokens on
 (``python -m bench --only modattn_tokens`` measures the choice).
+
+A learned ``bias`` (the relative positions of chapter 6) changes that on a CPU: torch's fused CPU
+kernel cannot give the bias its gradient, so ``F.scaled_dot_product_attention`` falls back to its
+math kernel, which keeps the ``(B U, H, T, T)`` weights for backward and is slower than the
+reference (0.89x at 4x4 patches, ``T = 66``). ``fused=None`` then stays on the reference.
 """
 
 from __future__ import annotations
@@ -132,8 +137,9 @@ class ModAttn(nn.Module):
             raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")
         c = codes[:, None, :]
         fused = self.fused
-        if fused is None:
-            fused = x.device.type == "cuda" or x.shape[2] >= FUSED_MIN_TOKENS
+        if fused is None:  # the faster path here (see the module's docstring)
+            learned_bias = bias is not None and bias.requires_grad
+            fused = x.device.type == "cuda" or (T >= FUSED_MIN_TOKENS and not learned_bias)
         if not fused:
             w = self.attention_weights(x, codes, compat, bias)
             v = self._heads(self.value(x, c))
