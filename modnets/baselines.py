@@ -21,20 +21,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets.nac import NACConfig, NeuralAttentiveCircuit
-from modnets.ni import ClassTokenModel, NeuralInterpreter, NIConfig, make_tokenizer
-from modnets.nn.tokens import ClassTokens, Heads
+from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.training import weight_decay_groups
 
-__all__ = [
-    "TransformerBlock",
-    "ViT",
-    "build_model",
-    "MODELS",
-    "PerceiverIO",
-    "perceiver_io_config",
-    "nac_from_perceiver_io",
-]
+__all__ = ["TransformerBlock", "ViT", "PerceiverIO", "require_fields"]
+
+#: What :class:`ViT` reads from its configuration (an :class:`~modnets.ni.NIConfig`).
+VIT_FIELDS = ("dim", "num_heads", "mlp_hidden", "num_scripts", "num_iterations", "num_locs",
+              "num_cls", "num_outputs", "shared_head", "input_kind", "positional")  # fmt: skip
+#: What :class:`PerceiverIO` reads from its configuration (a :class:`~modnets.nac.NACConfig`).
+PIO_FIELDS = ("num_processors", "dim", "input_dim", "read_in_heads", "num_heads", "ffn_hidden",
+              "activation", "num_layers", "share_layers", "num_outputs")  # fmt: skip
+
+
+def require_fields(config: object, fields: tuple[str, ...], who: str) -> None:
+    """Raise a ``TypeError`` naming the missing fields unless ``config`` is a dataclass with all
+    of ``fields``."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"config of {who} must be a configuration dataclass, got {config!r}")
+    missing = [f for f in fields if not hasattr(config, f)]
+    if missing:
+        raise TypeError(
+            f"config of {who} lacks the fields {missing} ({type(config).__name__}); "
+            f"{who} reads {list(fields)}"
+        )
 
 
 class TransformerBlock(nn.Module):
@@ -69,24 +79,23 @@ class ViT(ClassTokenModel):
 
     Args:
         config: the :class:`~modnets.ni.NIConfig` whose input/output fields, ``dim``,
-            ``num_heads`` and ``mlp_hidden`` are used.
+            ``num_heads`` and ``mlp_hidden`` are used (any dataclass with :data:`VIT_FIELDS`).
         depth: transformer blocks (default ``num_scripts * num_iterations * num_locs``, the NI's
             number of LOC applications, i.e. the same sequential depth).
 
     Shapes: as :class:`~modnets.ni.NeuralInterpreter`: ``-> (B, num_cls, num_outputs)``.
     """
 
-    def __init__(self, config: NIConfig, depth: int | None = None):
+    def __init__(self, config, depth: int | None = None):
         super().__init__()
-        if not isinstance(config, NIConfig):
-            raise TypeError(f"config must be an NIConfig, got {type(config).__name__}")
+        require_fields(config, VIT_FIELDS, "ViT")
         if depth is None:
             depth = config.num_scripts * config.num_iterations * config.num_locs
         if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
             raise ValueError(f"depth must be a positive int, got {depth!r}")
         self.config, self.depth = config, depth
         # a standard ViT: learned absolute positions, whatever the NI it is compared with uses
-        self.tokenizer = make_tokenizer(config.replace(positional="absolute"))
+        self.tokenizer = make_tokenizer(dataclasses.replace(config, positional="absolute"))
         self.cls = ClassTokens(config.num_cls, config.dim)
         self.blocks = nn.ModuleList(
             TransformerBlock(config.dim, config.num_heads, config.mlp_hidden) for _ in range(depth)
@@ -98,18 +107,6 @@ class ViT(ClassTokenModel):
         for block in self.blocks:
             h = block(h)
         return self.heads(h[:, : self.config.num_cls])
-
-
-MODELS = ("ni", "vit")
-
-
-def build_model(kind: str, config: NIConfig, **kwargs) -> nn.Module:
-    """``build_model("ni", cfg)`` or ``build_model("vit", cfg, depth=...)``."""
-    if kind == "ni":
-        return NeuralInterpreter(config, **kwargs)
-    if kind == "vit":
-        return ViT(config, **kwargs)
-    raise ValueError(f"kind must be one of {MODELS}, got {kind!r}")
 
 
 def _mlp(dim: int, hidden: int, activation: str) -> nn.Sequential:
@@ -160,7 +157,8 @@ class _Layer(nn.Module):
 
 class PerceiverIO(nn.Module):
     """Perceiver IO for classification {cite}`jaegle2022perceiverio` built from a
-    :class:`~modnets.nac.NACConfig` (``num_processors`` latents; NAC-only fields are ignored).
+    :class:`~modnets.nac.NACConfig` (``num_processors`` latents; NAC-only fields are ignored;
+    any dataclass with :data:`PIO_FIELDS` will do).
 
     ``latents + CrossAttn(LN(latents), LN(tokens))``, ``+ MLP``; ``L`` pre-LN self-attention
     layers; one decoder query cross-attends to the latents; a linear head.
@@ -169,10 +167,9 @@ class PerceiverIO(nn.Module):
     ``(U,)`` bool hides latents (False = dropped) from every attention.
     """
 
-    def __init__(self, config: NACConfig, tokenizer: nn.Module | None = None):
+    def __init__(self, config, tokenizer: nn.Module | None = None):
         super().__init__()
-        if not isinstance(config, NACConfig):
-            raise TypeError(f"config must be a NACConfig, got {type(config).__name__}")
+        require_fields(config, PIO_FIELDS, "PerceiverIO")
         c = self.config = config
         self.tokenizer = tokenizer
         self.latents = nn.Parameter(0.02 * torch.randn(c.num_processors, c.dim))
@@ -226,71 +223,14 @@ class PerceiverIO(nn.Module):
         g = torch.Generator().manual_seed(seed)
         keep = torch.randperm(U, generator=g)[n:].sort().values
         new = copy.deepcopy(self)
-        new.config = dataclasses.replace(
-            self.config, num_processors=U - n, num_read_in=0, prior=None
-        )
+        # a NAC's config also names its read-in latents and graph prior: none in a Perceiver IO
+        nac_only = {
+            k: v for k, v in (("num_read_in", 0), ("prior", None)) if hasattr(new.config, k)
+        }
+        new.config = dataclasses.replace(self.config, num_processors=U - n, **nac_only)
         new.latents = nn.Parameter(self.latents.detach()[keep].clone())
         return new
 
     def parameter_groups(self, weight_decay: float) -> list[dict]:
         """AdamW groups: no weight decay on parameters with ``dim <= 1``, latents or the query."""
         return weight_decay_groups(self, weight_decay, ("latents", "query"))
-
-
-def perceiver_io_config(config: NACConfig) -> NACConfig:
-    """The NAC configuration that simulates a Perceiver IO (NAC §4.1, App. B.2): ModFC's
-    ``alpha = 0`` (plain linear layers), a dense kernel, free initial states, one read-out module,
-    every latent reading the input, and none of the NAC's training noise or LayerScale."""
-    return dataclasses.replace(
-        config, alpha=0.0, learn_alpha=False, kernel="dense", initial_states="free",
-        num_readouts=1, prior=None, generator="unconditional", num_read_in=0, layer_scale=None,
-        drop_path=0.0, code_noise=0.0, state_noise=False,
-    )  # fmt: skip
-
-
-def _copy_linear(dst, src: nn.Linear) -> None:
-    dst.weight.copy_(src.weight)
-    dst.bias.copy_(src.bias)
-
-
-def _copy_ln(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
-    dst.load_state_dict(src.state_dict())
-
-
-def _copy_attention(dst, src: _Attention) -> None:
-    for a, b in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "out")):
-        _copy_linear(getattr(dst, a), getattr(src, b))
-
-
-def _copy_ffn(dst, src: nn.Sequential) -> None:
-    _copy_linear(dst.fc1, src[0])
-    _copy_linear(dst.fc2, src[1])
-
-
-@torch.no_grad()
-def nac_from_perceiver_io(pio: PerceiverIO) -> NeuralAttentiveCircuit:
-    """A NAC (configured by :func:`perceiver_io_config`) holding ``pio``'s weights: it computes
-    what ``pio`` computes. Each ModFC with ``alpha = 0`` is the ``nn.Linear`` it copies."""
-    nac = NeuralAttentiveCircuit(perceiver_io_config(pio.config), tokenizer=pio.tokenizer)
-    nac.generator.states.copy_(pio.latents)
-    nac.generator.out_states.copy_(pio.query)
-    r = nac.read_in
-    _copy_ln(r.norm_inputs, pio.norm_inputs)
-    _copy_ln(r.norm_states, pio.norm_latents)
-    _copy_attention(r, pio.encode)
-    _copy_ln(r.norm_ffn, pio.norm_encode_mlp)
-    _copy_ffn(r.ffn, pio.encode_mlp)
-    for dst, src in zip(nac.propagators, pio.layers, strict=True):
-        _copy_ln(dst.norm_attn, src.norm1)
-        _copy_attention(dst.attn, src.attn)
-        _copy_ln(dst.norm_ffn, src.norm2)
-        _copy_ffn(dst.ffn, src.mlp)
-    o = nac.read_out
-    _copy_ln(o.norm_q, pio.norm_query)
-    _copy_ln(o.norm_kv, pio.norm_kv)
-    _copy_attention(o.attn, pio.decode)
-    _copy_ln(o.norm_ffn, pio.norm_decode_mlp)
-    _copy_ffn(o.ffn, pio.decode_mlp)
-    _copy_ln(o.norm_out, pio.norm_out)
-    _copy_linear(o.head, pio.head)
-    return nac

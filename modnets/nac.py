@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from modnets.baselines import PerceiverIO
 from modnets.graphs import GRAPHONS, GraphPriorRegularizer, graphon
 from modnets.nn.modulated import ModFC, ModFFN
 from modnets.nn.read_in import ReadIn
@@ -57,6 +58,8 @@ __all__ = [
     "ReadOut",
     "NACOutput",
     "NeuralAttentiveCircuit",
+    "perceiver_io_config",
+    "nac_from_perceiver_io",
 ]
 
 KERNELS = ("learned", "frozen", "dense")
@@ -715,3 +718,65 @@ class NeuralAttentiveCircuit(nn.Module):
             g["params"] = [p for p in g["params"] if id(p) not in wiring]
         own = [p for p in self.parameters() if id(p) in wiring and p.requires_grad]
         return [*groups, {"params": own, "weight_decay": 0.0, "lr": circuit_lr}]
+
+
+# ----------------------------------------------------------------------------- Perceiver IO as a NAC
+
+
+def perceiver_io_config(config: NACConfig) -> NACConfig:
+    """The NAC configuration that simulates a Perceiver IO (NAC §4.1, App. B.2): ModFC's
+    ``alpha = 0`` (plain linear layers), a dense kernel, free initial states, one read-out module,
+    every latent reading the input, and none of the NAC's training noise or LayerScale."""
+    return dataclasses.replace(
+        config, alpha=0.0, learn_alpha=False, kernel="dense", initial_states="free",
+        num_readouts=1, prior=None, generator="unconditional", num_read_in=0, layer_scale=None,
+        drop_path=0.0, code_noise=0.0, state_noise=False,
+    )  # fmt: skip
+
+
+def _copy_linear(dst, src: nn.Linear) -> None:
+    dst.weight.copy_(src.weight)
+    dst.bias.copy_(src.bias)
+
+
+def _copy_ln(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+def _copy_attention(dst, src: nn.Module) -> None:
+    for a, b in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "out")):
+        _copy_linear(getattr(dst, a), getattr(src, b))
+
+
+def _copy_ffn(dst, src: nn.Sequential) -> None:
+    _copy_linear(dst.fc1, src[0])
+    _copy_linear(dst.fc2, src[1])
+
+
+@torch.no_grad()
+def nac_from_perceiver_io(pio: PerceiverIO) -> NeuralAttentiveCircuit:
+    """A NAC (configured by :func:`perceiver_io_config`) holding ``pio``'s weights: it computes
+    what ``pio`` computes. Each ModFC with ``alpha = 0`` is the ``nn.Linear`` it copies."""
+    nac = NeuralAttentiveCircuit(perceiver_io_config(pio.config), tokenizer=pio.tokenizer)
+    nac.generator.states.copy_(pio.latents)
+    nac.generator.out_states.copy_(pio.query)
+    r = nac.read_in
+    _copy_ln(r.norm_inputs, pio.norm_inputs)
+    _copy_ln(r.norm_states, pio.norm_latents)
+    _copy_attention(r, pio.encode)
+    _copy_ln(r.norm_ffn, pio.norm_encode_mlp)
+    _copy_ffn(r.ffn, pio.encode_mlp)
+    for dst, src in zip(nac.propagators, pio.layers, strict=True):
+        _copy_ln(dst.norm_attn, src.norm1)
+        _copy_attention(dst.attn, src.attn)
+        _copy_ln(dst.norm_ffn, src.norm2)
+        _copy_ffn(dst.ffn, src.mlp)
+    o = nac.read_out
+    _copy_ln(o.norm_q, pio.norm_query)
+    _copy_ln(o.norm_kv, pio.norm_kv)
+    _copy_attention(o.attn, pio.decode)
+    _copy_ln(o.norm_ffn, pio.norm_decode_mlp)
+    _copy_ffn(o.ffn, pio.decode_mlp)
+    _copy_ln(o.norm_out, pio.norm_out)
+    _copy_linear(o.head, pio.head)
+    return nac

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets.probes import probe
+from modnets.probes import probe, trace
 
 __all__ = [
     "ACTIVATIONS",
@@ -104,7 +104,8 @@ def _tensor(value, name: str) -> Tensor:
 
 
 def topk_softmax(scores: Tensor, k: int, dim: int = -1, mode: str = "sab") -> Tensor:
-    """The sparse softmax of SAB {cite}`ke2018sab` and RIMs {cite}`goyal2021rims` along ``dim``.
+    """The sparse softmax of SAB {cite}`ke2018sab` and RIMs {cite}`goyal2021rims` along ``dim``
+    (the softmax of NFM eq. 1).
 
     ``mode="exact"`` keeps exactly ``k`` weights even on ties: the ``k`` largest of a stable sort
     (on equal weights, the lowest index first), renormalised, i.e. the softmax over those ``k``
@@ -236,9 +237,12 @@ class NFMAttention(nn.Module):
     output, computed once by :meth:`write` and stored in the memory). Per position of the query
     state and per head::
 
-        A  = topk_softmax([0, Q K^T / sqrt(d_head)], k) [0, V]     # 0: the default slot
-        h1 = sigma(BN(A W_o1)) W_o2                                # BN optional
-        h2 = h + gamma * h1                                        # gamma = 0 at initialisation
+        A  = topk_softmax([0, Q K^T / sqrt(d_head)], k) [0, V]     # NFM eq. 1; 0: the default
+        h1 = sigma(BN(A W_o1)) W_o2                                # NFM eq. 2; BN optional
+        h2 = h + gamma * h1                                        # NFM eq. 3; gamma = 0 at init
+
+    The NFM paper prints these three formulas of §3.2.1 unnumbered; the book numbers them 1-3
+    (``book/equations.md``). NFM eq. 3's residual ``R`` is the state ``h`` the module reads with.
 
     The default slot is a zero key and value in front of the candidates: its score is 0 and it
     contributes nothing, so a head that puts its weight there reads nothing.
@@ -404,7 +408,7 @@ class NFMOutput:
     Attributes:
         output: ``h(N)`` of the last pass.
         states: ``states[k][i]`` is ``h(i+1)`` of pass ``k + 1`` (0-based indices), as written
-            to the memory.
+            to the memory (detached: recorded by the ``"nfm.state"`` probe).
         sources: per read (pass-major), how many memory states were attendable.
         candidates: per read, attendable elements per query position (without the default).
         reads: ``(K N, 1 + K N)``: per read (row), the mean attention weight on the default slot
@@ -530,49 +534,66 @@ class NFMNetwork(nn.Module):
             raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
         if _tensor(x, "x").dim() < 2 or x.shape[1] != self.dims[0]:
             raise ValueError(f"x must be (batch, {self.dims[0]}, *size), got {tuple(x.shape)}")
+        if not return_details:
+            return self.algorithm_1(x, K)
+        with trace("nfm.read_weights", "nfm.state") as t:  # the probes below, nothing else
+            h = self.algorithm_1(x, K)
+        return self._details(x, h, t, K)
+
+    def algorithm_1(self, x: Tensor, K: int) -> Tensor:
+        """NFM Algorithm 1, line by line; ``forward`` validates and calls it."""
         N = self.num_blocks
-        memory: list[tuple] = []  # (key, value) per state, or (state, writer) with "reader"
-        sizes: list[tuple[int, ...]] = []
-        states: list[list[Tensor]] = []
-        sources, candidates, reads = [], [], []
-
-        def read(attn: NFMAttention, h: Tensor) -> Tensor:
-            kv = memory if self.projections == "writer" else [attn.project(j, s) for s, j in memory]
-            if not return_details:
-                return attn(h, kv)
-            size = tuple(h.shape[2:])
-            counts = [num_candidates(s, size) for s in sizes]
-            r, w = attn(h, kv, return_weights=True)
-            # weight on each source: the default, then each state's candidates summed
-            per_source = torch.stack([c.sum(-1) for c in w.split([1, *counts], -1)], -1)
-            row = torch.zeros(1 + K * N, device=w.device)
-            row[: 1 + len(counts)] = per_source.detach().float().mean((0, 1, 2))
-            reads.append(row)
-            sources.append(len(counts))
-            candidates.append(sum(counts))
-            return r
-
-        for k in range(K):
+        memory: list[tuple] = []  # line 2: M (key and value per state, or (state, writer))
+        for k in range(K):  # line 3
             h = x  # line 4: every pass starts again from the input
-            states.append([])
-            for i in range(N):
+            for i in range(N):  # line 5
                 attn = self.attn(k, i)
-                if self.placement == "before":
-                    h = read(attn, h)
-                h = self.block(k, i)(h)
+                if self.placement == "before":  # lines 6-10: R = Attention(K=M, V=M, Q=h(i-1))
+                    h = attn(h, self._keys_values(attn, memory))  # NFM eqs. 1-3 with Q = h(i-1)
+                h = self.block(k, i)(h)  # line 11: h(i) = f_i(residual = h(i-1), input = R)
                 if h.dim() < 2 or h.shape[1] != self.dims[i + 1]:
                     raise ValueError(
                         f"block {i + 1} returned {tuple(h.shape)}; dims says {self.dims[i + 1]} channels"
                     )
-                if self.placement == "after":
-                    h = read(attn, h)
-                if k < K - 1 or i < N - 1:  # (no one reads the very last state)
-                    # line 12: M.append(h(i)), projected by its writer, or kept for the readers
+                if self.placement == "after":  # NFM App. B: read after the module instead
+                    h = attn(h, self._keys_values(attn, memory))
+                probe("nfm.state", h)
+                if k < K - 1 or i < N - 1:  # line 12: M.append(h(i)) (no one reads the last)
                     memory.append(attn.write(h) if self.projections == "writer" else (h, i))
-                sizes.append(tuple(h.shape[2:]))
-                states[-1].append(h)
-        if not return_details:
-            return h
+        return h
+
+    def _keys_values(self, attn: NFMAttention, memory: list[tuple]) -> list[tuple]:
+        """The memory as ``attn`` reads it: the writers' keys and values, or its own projections
+        of each state (``projections="reader"``)."""
+        return memory if self.projections == "writer" else [attn.project(j, s) for s, j in memory]
+
+    def _details(self, x: Tensor, h: Tensor, t, K: int) -> NFMOutput:
+        """:class:`NFMOutput` from what the probes recorded during one :meth:`algorithm_1`."""
+        N = self.num_blocks
+        flat, weights = t["nfm.state"], t.get("nfm.read_weights", [])
+        if len(weights) < K * N:  # the first read found the memory empty and passed h through
+            weights = [None, *weights]
+        sizes = [tuple(s.shape[2:]) for s in flat]
+        sources, candidates, reads = [], [], []
+        for r, w in enumerate(weights):  # read r: module r % N of pass r // N
+            if w is None:  # all its weight on the default slot
+                reads.append(torch.eye(1 + K * N, device=h.device)[0])
+                sources.append(0)
+                candidates.append(0)
+                continue
+            if self.placement == "after":
+                query = sizes[r]
+            else:
+                query = tuple(x.shape[2:]) if r % N == 0 else sizes[r - 1]
+            counts = [num_candidates(s, query) for s in sizes[:r]]
+            # weight on each source: the default, then each state's candidates summed
+            per_source = torch.stack([c.sum(-1) for c in w.split([1, *counts], -1)], -1)
+            row = torch.zeros(1 + K * N, device=w.device)
+            row[: 1 + r] = per_source.float().mean((0, 1, 2))
+            reads.append(row)
+            sources.append(r)
+            candidates.append(sum(counts))
+        states = [flat[k * N : (k + 1) * N] for k in range(K)]
         return NFMOutput(h, states, sources, candidates, torch.stack(reads))
 
 

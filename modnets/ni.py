@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from modnets.nn.loc import LOC
-from modnets.nn.tokens import ClassTokens, ElementEmbedding, Heads, PatchEmbedding
+from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 from modnets.probes import probe
 
@@ -32,8 +32,6 @@ __all__ = [
     "FunctionIteration",
     "Script",
     "NeuralInterpreter",
-    "make_tokenizer",
-    "ClassTokenModel",
 ]
 
 RESIDUALS = ("delta", "literal")
@@ -371,54 +369,6 @@ class Script(nn.Module):
         self.signature_chunks = nn.ParameterList(sigs)
         self.code_chunks = nn.ParameterList(codes)
         self.function_mask = self.function_mask[keep.to(self.function_mask.device)]
-
-
-def make_tokenizer(config: NIConfig) -> nn.Module:
-    """Patch embedding for images, per-element embedding for vectors."""
-    if config.input_kind == "image":
-        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim,
-                              positions=config.positional == "absolute")  # fmt: skip
-    return ElementEmbedding(config.num_elements, config.element_features, config.dim)
-
-
-class ClassTokenModel(nn.Module):
-    """Shared by :class:`NeuralInterpreter` and :class:`~modnets.baselines.ViT`: CLS-token surgery."""
-
-    config: NIConfig
-    cls: ClassTokens
-    heads: Heads
-
-    def reset_cls_tokens(self, num_cls: int, num_outputs: int | None = None) -> None:
-        """Replace the CLS tokens by ``num_cls`` fresh ones, for new tasks (NI §4.1-4.2).
-
-        A shared head is kept (unless ``num_outputs`` changes it); per-token heads are replaced by
-        fresh ones. ``config.num_cls`` (and ``num_outputs``) are updated.
-        """
-        num_outputs = self.config.num_outputs if num_outputs is None else num_outputs
-        new_config = self.config.replace(num_cls=num_cls, num_outputs=num_outputs)
-        device = self.cls.tokens.device
-        self.cls = ClassTokens(num_cls, new_config.dim).to(device)
-        if not (new_config.shared_head and num_outputs == self.config.num_outputs):
-            self.heads = Heads(num_cls, new_config.dim, num_outputs, new_config.shared_head).to(
-                device
-            )
-        self.config = new_config
-
-    def keep_cls_token(self, index: int) -> None:
-        """Keep only CLS token ``index`` and its head (e.g. to adapt with a pretrained task's
-        token instead of a fresh one); ``config.num_cls`` becomes 1."""
-        n = self.config.num_cls
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
-            raise ValueError(f"index must be an int in [0, {n}), got {index!r}")
-        with torch.no_grad():
-            tokens = self.cls.tokens[index : index + 1].clone()
-            self.cls = ClassTokens(1, self.config.dim).to(tokens.device)
-            self.cls.tokens.copy_(tokens)
-            if not self.config.shared_head:
-                self.heads.weight = nn.Parameter(self.heads.weight[index : index + 1].clone())
-                self.heads.bias = nn.Parameter(self.heads.bias[index : index + 1].clone())
-                self.heads.num_tokens = 1
-        self.config = self.config.replace(num_cls=1)
 
 
 class NeuralInterpreter(ClassTokenModel):

@@ -18,6 +18,7 @@ The names the library emits (one mechanism for the three architectures):
 ``skmdpa.log_kernel``        NAC: the log of the sampled kernel each SKMDPA uses (NAC eq. 3)
 ``nac.confidences``          NAC: the read-out confidences ``(B, U_o)``
 ``nfm.read_weights``         NFM: the top-k weights of each read ``(B, H, T, 1 + S)``
+``nfm.state``                NFM: each module's output ``h(i)``, every pass (Algorithm 1)
 ===========================  =========================================================
 
 :mod:`modnets.diagnostics` turns traces into the numbers the chapters print (routing spread,

@@ -7,10 +7,10 @@ from torch import nn
 
 import modnets
 from modnets import graphs, profiles
-from modnets.baselines import build_model
 from modnets.benchmarks import run_all
 from modnets.data.digits import load_mnist
 from modnets.data.tiny_imagenet import load_tiny_imagenet
+from modnets.models import build_model
 from modnets.nfm import ConvNet, NFMAttention, NFMNetwork
 from modnets.nn import ConvTokenizer, ModAttn, ModFFN, ModMLP
 from modnets.nn.read_in import ReadIn
@@ -68,6 +68,9 @@ CASES = [
     ("NeuralInterpreter image size", lambda: modnets.NeuralInterpreter(ni_cfg())(
      torch.randn(2, 3, 16, 16)), ValueError, "images"),
     ("build_model kind", lambda: build_model("mlp", ni_cfg()), ValueError, "kind"),
+    ("ViT config type", lambda: modnets.ViT({}), TypeError, "dataclass"),
+    ("ViT config fields", lambda: modnets.ViT(nac_cfg()), TypeError, "num_cls"),
+    ("PerceiverIO config fields", lambda: modnets.PerceiverIO(ni_cfg()), TypeError, "num_processors"),
     # NAC (chapters 7-9)
     ("SKMDPA num_heads", lambda: modnets.SKMDPA(num_heads=0), ValueError, "num_heads"),
     ("SKMDPA bandwidth", lambda: modnets.SKMDPA(bandwidth=0.0), ValueError, "bandwidth"),

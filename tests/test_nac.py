@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from modnets import NACConfig, NeuralAttentiveCircuit, PerceiverIO
-from modnets.baselines import nac_from_perceiver_io, perceiver_io_config
-from modnets.nac import Propagator
+from modnets.nac import Propagator, nac_from_perceiver_io, perceiver_io_config
 from modnets.utils import count_parameters
 
 
@@ -336,3 +335,17 @@ def test_bad_inputs_name_the_argument():
         model(torch.randn(2, 5, 6), processor_mask=torch.zeros(8, dtype=torch.bool))
     with pytest.raises(TypeError, match="NACConfig"):
         NeuralAttentiveCircuit(dataclasses.asdict(tiny()))
+
+
+def test_module_importance_is_the_mediator_degree_of_nac_eq_10():
+    """NAC eq. 10 (App. F): ``q_i = sum_j P_ij`` over the mediators ``j``; with ``num_read_in = 0``
+    every processor module is a mediator."""
+    torch.manual_seed(0)
+    for R in (0, 3):
+        model = NeuralAttentiveCircuit(tiny(num_processors=10, num_read_in=R)).eval()
+        with torch.no_grad():
+            P = model.link_probabilities()
+        q = torch.stack([sum(P[i, j] for j in range(R, 10)) for i in range(10)])
+        torch.testing.assert_close(model.module_importance(), q)
+        if R:  # summing over every module instead would give other numbers: the check can fail
+            assert not torch.allclose(model.module_importance(), P.sum(-1))

@@ -382,7 +382,7 @@ def test_image_model_shapes_and_vit_baseline():
         patch_size=4, in_channels=1, num_cls=3, num_outputs=10,
     )  # fmt: skip
     x = torch.randn(2, 1, 8, 8)
-    for kind in modnets.baselines.MODELS:
+    for kind in modnets.models.MODELS:
         model = modnets.build_model(kind, cfg)
         assert model(x).shape == (2, 3, 10)
     assert modnets.ViT(cfg).depth == 2
@@ -559,3 +559,20 @@ def test_relative_positions_are_the_nis_only_source_of_position():
         modnets.NIConfig(positional="rotary")
     with pytest.raises(ValueError, match="input_kind='image'"):
         modnets.NIConfig(input_kind="vector", positional="relative")
+
+
+def test_model_composes_its_scripts_and_a_script_repeats_one_function_iteration():
+    """NI eq. 1: the model is ``Script_ns o ... o Script_1`` on ``[CLS; tokens]``, read out by the
+    heads; NI eq. 14: a script is ``n_i`` applications of one function iteration, all with the
+    script's own signatures and codes (the iterations share every parameter)."""
+    torch.manual_seed(0)
+    model = modnets.NeuralInterpreter(tiny_config(num_iterations=3)).eval()
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        h = model.cls(model.tokenizer(x))
+        for script in model.scripts:
+            for _ in range(3):
+                h, _, _ = script.iteration(h, script.signatures, script.codes, None)
+        by_hand = model.heads(h[:, :2])
+        torch.testing.assert_close(model(x), by_hand, rtol=0, atol=0)
+        assert not torch.allclose(model(x, num_iterations=2), by_hand)  # the check can fail

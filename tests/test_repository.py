@@ -1,6 +1,8 @@
 """The book's own rules: outputs stripped, Colab cells consistent, every chapter in the TOC."""
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,49 @@ def test_config_excludes_build_artifacts():
     for name in (".venv", ".pytest_cache", "_build", ".ipynb_checkpoints"):
         assert name in excluded
     assert cfg["execute"]["execute_notebooks"] == "cache"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names
+
+
+def test_baselines_depend_on_layers_only():
+    """A baseline must not be built from the model it is a baseline for."""
+    imported = _imported_modules(ROOT / "modnets" / "baselines.py")
+    assert "modnets.nn.tokens" in imported  # the check reads real imports: it can fail
+    models = {"modnets.ni", "modnets.nac", "modnets.nfm", "modnets.models"}
+    assert not imported & models, f"baselines.py imports {sorted(imported & models)}"
+
+
+_PRIVATE_IMPORT = re.compile(r"from\s+modnets[\w.]*\s+import\s+(?:\(([^)]*)\)|([^\n(]+))")
+
+
+def private_modnets_names(source: str) -> list[str]:
+    """Private names (``_x``) a piece of notebook code takes from ``modnets``: imported ones and
+    ``modnets.a._b`` attribute paths."""
+    found = []
+    for m in _PRIVATE_IMPORT.finditer(source):
+        names = (m.group(1) or m.group(2)).replace("\\", "").split(",")
+        names = [n.split("#")[0].strip().split(" as ")[0] for n in names]
+        found += [n for n in names if n.startswith("_")]
+    found += re.findall(r"\bmodnets(?:\.\w+)*\.(_\w+)", source)
+    return found
+
+
+def test_private_name_check_can_fail():
+    assert private_modnets_names("from modnets.nac import NACConfig, _helper as h") == ["_helper"]
+    assert private_modnets_names("x = modnets.experiments.digits._fit(1)") == ["_fit"]
+    assert private_modnets_names("from modnets.nac import (\n    NACConfig,\n    _hidden,\n)") == [
+        "_hidden"
+    ]
+    assert private_modnets_names("from modnets import graphs\nimport numpy as _np") == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_no_private_modnets_names(path):
+    nb = json.loads(path.read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert not private_modnets_names(code), f"{path.name} uses private names of modnets"

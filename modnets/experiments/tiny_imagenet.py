@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modnets import diagnostics, distributed, probes
+from modnets import diagnostics, distributed, dropping, probes
 from modnets.baselines import PerceiverIO
 from modnets.data import DatasetNotFoundError
 from modnets.data import tiny_imagenet as tin
@@ -45,6 +45,7 @@ from modnets.data.tiny_imagenet import (
     read_wnids,
     tiny_imagenet_dir,
 )
+from modnets.dropping import droppable, pruned
 from modnets.experiments import harness
 from modnets.experiments.claims import (
     comparison_claim,
@@ -426,43 +427,15 @@ def trained_model(kind: str, config: TinyImageNetConfig | TinyImageNetTrain, see
 # ----------------------------------------------------------------------------- analysis (App. F)
 
 
-def _num_dropped(fraction: float, total: int) -> int:
-    return min(total - 1, round(fraction * total))
-
-
-def droppable(model: nn.Module) -> int:
-    """How many modules a drop fraction is a fraction of: the NAC's mediators (read-in modules
-    are never dropped), Perceiver IO's latents."""
-    if isinstance(model, NeuralAttentiveCircuit):
-        return model.config.num_mediators
-    return model.config.num_processors
-
-
-def pruned(model: nn.Module, fraction: float, order: str = "least", seed: int = 0) -> nn.Module:
-    """The NAC without ``fraction`` of its mediators, dropped in ``order`` (``"least"`` connected
-    first, ``"most"``, or ``"random"`` with ``seed``), or the Perceiver IO without a random
-    ``fraction`` of its latents (drawn with ``seed``; it has no other order)."""
-    n = _num_dropped(fraction, droppable(model))
-    if isinstance(model, NeuralAttentiveCircuit):
-        return model.drop_modules(n, order, "mediators", seed)
-    return model.drop_latents(n, seed=seed)
-
-
 def drop_curve(model: nn.Module, data: Data, fractions, batch_size: int = 256,
                order: str = "least", draws: int = 1, seed: int = 0) -> list[dict]:  # fmt: skip
-    """Accuracy with each fraction of modules (latents) dropped (Fig. 5a): for a random order,
-    the mean over ``draws`` draws (seeds ``1000 seed + k``; each draw's top-1 in ``"draws"``)."""
-    random = order == "random" or not isinstance(model, NeuralAttentiveCircuit)
-    seeds = [1000 * seed + k for k in range(draws if random else 1)]
-    out = []
-    for f in fractions:
-        runs = [evaluate(pruned(model, f, order, s), data.x_val, data.y_val, batch_size)
-                for s in seeds]  # fmt: skip
-        out.append({"fraction": f, "modules": pruned(model, f, order, seeds[0]).config.num_processors,
-                    "top1": sum(r["top1"] for r in runs) / len(runs),
-                    "top5": sum(r["top5"] for r in runs) / len(runs),
-                    "draws": [r["top1"] for r in runs]})  # fmt: skip
-    return out
+    """Validation top-1 and top-5 with each fraction of modules (latents) dropped (NAC Fig. 5a),
+    through :func:`modnets.dropping.drop_curve` (random orders: the mean over ``draws``)."""
+
+    def score(m: nn.Module) -> dict:
+        return evaluate(m, data.x_val, data.y_val, batch_size)
+
+    return dropping.drop_curve(model, score, fractions, order, draws, seed)
 
 
 def edge_curve(

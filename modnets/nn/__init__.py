@@ -5,7 +5,15 @@ from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP, modffn_parameter_count
 from modnets.nn.relpos import RelativePosition2d
 from modnets.nn.skmdpa import SKMDPA
-from modnets.nn.tokens import ClassTokens, ConvTokenizer, ElementEmbedding, Heads, PatchEmbedding
+from modnets.nn.tokens import (
+    ClassTokenModel,
+    ClassTokens,
+    ConvTokenizer,
+    ElementEmbedding,
+    Heads,
+    PatchEmbedding,
+    make_tokenizer,
+)
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 
 __all__ = [
@@ -26,4 +34,6 @@ __all__ = [
     "ElementEmbedding",
     "ClassTokens",
     "Heads",
+    "make_tokenizer",
+    "ClassTokenModel",
 ]

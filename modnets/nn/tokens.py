@@ -1,7 +1,8 @@
 """Turning inputs into a set of tokens, and CLS tokens into predictions.
 
 Shared by the Neural Interpreter and its ViT baseline so that an experiment swaps one model for the
-other with one argument.
+other with one argument. Both are built from one configuration (an :class:`~modnets.ni.NIConfig`);
+the pieces here read only the fields they name, so this module depends on no model.
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PatchEmbedding", "ConvTokenizer", "ElementEmbedding", "ClassTokens", "Heads"]
+__all__ = [
+    "PatchEmbedding",
+    "ConvTokenizer",
+    "ElementEmbedding",
+    "ClassTokens",
+    "Heads",
+    "make_tokenizer",
+    "ClassTokenModel",
+]
 
 
 class PatchEmbedding(nn.Module):
@@ -149,3 +158,53 @@ class Heads(nn.Module):
 
     def forward(self, cls: Tensor) -> Tensor:
         return torch.einsum("bnd,nod->bno", self.norm(cls), self.weight) + self.bias
+
+
+def make_tokenizer(config) -> nn.Module:
+    """Patch embedding for images, per-element embedding for vectors, from a configuration's
+    ``input_kind``, ``dim`` and input fields (an :class:`~modnets.ni.NIConfig`)."""
+    if config.input_kind == "image":
+        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim,
+                              positions=config.positional == "absolute")  # fmt: skip
+    return ElementEmbedding(config.num_elements, config.element_features, config.dim)
+
+
+class ClassTokenModel(nn.Module):
+    """CLS-token surgery shared by :class:`~modnets.ni.NeuralInterpreter` and
+    :class:`~modnets.baselines.ViT`: a model with ``config`` (``num_cls``, ``num_outputs``,
+    ``dim``, ``shared_head`` and a ``replace`` method), ``cls`` and ``heads``."""
+
+    cls: ClassTokens
+    heads: Heads
+
+    def reset_cls_tokens(self, num_cls: int, num_outputs: int | None = None) -> None:
+        """Replace the CLS tokens by ``num_cls`` fresh ones, for new tasks (NI §4.1-4.2).
+
+        A shared head is kept (unless ``num_outputs`` changes it); per-token heads are replaced by
+        fresh ones. ``config.num_cls`` (and ``num_outputs``) are updated.
+        """
+        num_outputs = self.config.num_outputs if num_outputs is None else num_outputs
+        new_config = self.config.replace(num_cls=num_cls, num_outputs=num_outputs)
+        device = self.cls.tokens.device
+        self.cls = ClassTokens(num_cls, new_config.dim).to(device)
+        if not (new_config.shared_head and num_outputs == self.config.num_outputs):
+            self.heads = Heads(num_cls, new_config.dim, num_outputs, new_config.shared_head).to(
+                device
+            )
+        self.config = new_config
+
+    def keep_cls_token(self, index: int) -> None:
+        """Keep only CLS token ``index`` and its head (e.g. to adapt with a pretrained task's
+        token instead of a fresh one); ``config.num_cls`` becomes 1."""
+        n = self.config.num_cls
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"index must be an int in [0, {n}), got {index!r}")
+        with torch.no_grad():
+            tokens = self.cls.tokens[index : index + 1].clone()
+            self.cls = ClassTokens(1, self.config.dim).to(tokens.device)
+            self.cls.tokens.copy_(tokens)
+            if not self.config.shared_head:
+                self.heads.weight = nn.Parameter(self.heads.weight[index : index + 1].clone())
+                self.heads.bias = nn.Parameter(self.heads.bias[index : index + 1].clone())
+                self.heads.num_tokens = 1
+        self.config = self.config.replace(num_cls=1)
