@@ -33,13 +33,14 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book publish test unit nbval book-check lint format bench clean
+.PHONY: help install book publish test unit nbval book-check lint format bench equations clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
 	@echo "make test    unit tests + nbval on notebooks/ (smoke profile) + jupyter-book build -W"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run the benchmarks in bench/"
+	@echo "make equations  regenerate book/equations.md from modnets/equations.py"
 	@echo "make publish push _build/html to the gh-pages branch (ghp-import; run make book first)"
 
 $(PY):
@@ -91,6 +92,11 @@ format: install
 
 bench: install
 	$(PY) -m bench
+
+# The equation index page is generated (tests/test_equations.py checks it is up to date).
+equations: install
+	$(PY) -m modnets.equations > book/equations.md.tmp
+	mv book/equations.md.tmp book/equations.md
 
 clean:
 	rm -rf _build .pytest_cache

@@ -36,6 +36,15 @@ def test_fuzzy_operations_reduce_to_boolean_logic():
         assert fuzzy_not(ta).item() == float(not bool(a))
 
 
+def test_fuzzy_operations_between_the_corners_are_ni_eq_15():
+    """NI eq. 15 off the corners: and = a b, not = 1 - a, or by De Morgan = a + b - a b."""
+    a, b = torch.tensor([0.3, 0.9, 0.5]), torch.tensor([0.5, 0.2, 0.5])
+    torch.testing.assert_close(fuzzy_and(a, b), torch.tensor([0.15, 0.18, 0.25]))
+    torch.testing.assert_close(fuzzy_not(a), torch.tensor([0.7, 0.1, 0.5]))
+    torch.testing.assert_close(fuzzy_or(a, b), torch.tensor([0.65, 0.92, 0.75]))
+    assert not torch.allclose(fuzzy_or(a, b), torch.maximum(a, b))  # not the min/max logic
+
+
 def test_functions_equal_their_truth_tables_on_the_corners():
     f = sample_functions(8, seed=3)
     out = f(CORNERS)  # (32, 8)
