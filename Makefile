@@ -33,7 +33,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book publish test unit nbval book-check lint format bench equations clean
+.PHONY: help install book publish test unit nbval book-check lint format bench equations sync clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
@@ -41,6 +41,7 @@ help:
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run the benchmarks in bench/"
 	@echo "make equations  regenerate book/equations.md from modnets/equations.py"
+	@echo "make sync    level each notebook with its script (notebooks/NN_name.py, the newer wins)"
 	@echo "make publish push _build/html to the gh-pages branch (ghp-import; run make book first)"
 
 $(PY):
@@ -97,6 +98,11 @@ bench: install
 equations: install
 	$(PY) -m modnets.equations > book/equations.md.tmp
 	mv book/equations.md.tmp book/equations.md
+
+# The chapters are edited as percent-format scripts (notebooks/NN_name.py) paired with the
+# notebooks by jupytext ([tool.jupytext] in pyproject.toml): the newer file of a pair wins.
+sync: install
+	$(BIN)/jupytext --sync notebooks/*.ipynb
 
 clean:
 	rm -rf _build .pytest_cache

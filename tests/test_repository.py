@@ -93,3 +93,51 @@ def test_notebooks_use_no_private_modnets_names(path):
     nb = json.loads(path.read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert not private_modnets_names(code), f"{path.name} uses private names of modnets"
+
+
+def pair_mismatch(notebook, script) -> str | None:
+    """Where a notebook and its percent-format script (both read by jupytext) differ: cell
+    types, sources or tags; ``None`` when they agree."""
+    if len(notebook.cells) != len(script.cells):
+        return f"{len(notebook.cells)} cells in the notebook, {len(script.cells)} in the script"
+    for k, (a, b) in enumerate(zip(notebook.cells, script.cells, strict=True)):
+        for what in ("cell_type", "source"):
+            if a[what] != b[what]:
+                return f"cell {k}: the {what} differs"
+        if a.metadata.get("tags", []) != b.metadata.get("tags", []):
+            return f"cell {k}: the tags differ"
+    return None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_and_its_script_are_in_sync(path):
+    """Each chapter is edited and reviewed as ``notebooks/NN_name.py`` (jupytext, percent format);
+    the ``.ipynb`` beside it must say the same. ``make sync`` levels a pair."""
+    import jupytext
+
+    script = path.with_suffix(".py")
+    assert script.exists(), f"{path.name} has no paired script {script.name}: run make sync"
+    problem = pair_mismatch(jupytext.read(path), jupytext.read(script))
+    assert problem is None, (
+        f"{path.name} and {script.name} are out of sync ({problem}): run make sync"
+    )
+
+
+def test_pair_check_can_fail():
+    import jupytext
+
+    path = NOTEBOOKS[0]
+    notebook = jupytext.read(path)
+    script = jupytext.reads(jupytext.writes(notebook, fmt="py:percent"), fmt="py:percent")
+    assert pair_mismatch(notebook, script) is None
+    script.cells[-1].source += "\n# an edit to the script only"
+    assert "source" in pair_mismatch(notebook, script)
+    script.cells.pop()
+    assert "cells" in pair_mismatch(notebook, script)
+
+
+def test_every_script_has_its_notebook():
+    scripts = sorted((ROOT / "notebooks").glob("*.py"))
+    assert scripts, "no chapter scripts in notebooks/"
+    for script in scripts:
+        assert script.with_suffix(".ipynb").exists(), f"{script.name} has no notebook"

@@ -1,0 +1,265 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# Colab only: install modnets from the repository (a no-op everywhere else).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+
+# %% [markdown]
+# # 3. ModAttn and lines of code
+#
+# Chapter 2 decided *which* tokens each function may read: the compatibilities $C_{ui}$. This
+# chapter builds what a function *does* with them. A Neural Interpreter runs one computational
+# **stream** per function. In stream $u$, tokens attend to each other with projections programmed
+# by the function's code $c_u$ (ModAttn), then pass through a ModMLP; both updates are weighted by
+# $C_{ui}$, so a function leaves untouched what it may not read. One attention plus one MLP is a
+# **line of code** (LOC), NI eqs. 6–10 {cite}`rahaman2021interpreters`.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+import modnets
+from modnets.nn import random_signatures
+from modnets.utils import seed_everything
+
+seed_everything(0)
+torch.set_grad_enabled(False)  # this chapter only evaluates
+torch.set_printoptions(precision=3, sci_mode=False)
+
+# %% [markdown]
+# ## The stream layout
+#
+# All functions run at once on one tensor of shape `(batch, functions, tokens, dim)`: token $i$
+# as seen by function $u$ is `x[:, u, i]`. At the first LOC every stream holds the same tokens, so
+# the input is broadcast along the function axis (a view, no copy); later LOCs differ per stream.
+# Codes are `(U, d_code)`, compatibilities `(batch, U, tokens)`.
+
+# %%
+B, U, T, d, d_code, H = 2, 3, 6, 16, 8, 2
+tokens = torch.randn(B, T, d)
+x = tokens[:, None].expand(B, U, T, d)  # (B, U, T, d)
+codes = torch.randn(U, d_code)
+
+types = F.normalize(torch.randn(B, T, 4), dim=-1)
+C = modnets.TypeMatching(truncation=1.0, sigma=0.5)(types, random_signatures(U, 4))
+C[0]
+
+# %% [markdown]
+# ## ModAttn, step by step
+#
+# Queries, keys and values come from ModLins conditioned on the function's code (NI eq. 6). One ModLin
+# of width $d = H \cdot d_\text{head}$ per projection gives every head its own rows of $W$; all heads
+# share the conditioning matrix $W_c$, as in the public NI code.
+
+# %%
+attn = modnets.ModAttn(d, d_code, num_heads=H)
+d_head = d // H
+code_per_stream = codes[:, None, :]  # (U, 1, d_code): broadcast over batch and tokens
+
+
+def heads(t):
+    return t.view(B, U, T, H, d_head)
+
+
+q = heads(attn.query(x, code_per_stream))
+k = heads(attn.key(x, code_per_stream))
+v = heads(attn.value(x, code_per_stream))
+q.shape  # (B, U, T, H, d_head)
+
+# %% [markdown]
+# Scaled dot-product attention, in every stream and head at once, then the modulation by both
+# tokens' compatibilities and a **renormalisation** over keys (NI eq. 7):
+#
+# $$
+# \tilde W_{uhij} = C_{ui}\,C_{uj}\,\operatorname{softmax}_j\!\Big(\frac{q_{uhi}\cdot k_{uhj}}{\sqrt{d_\text{key}}}\Big),
+# \qquad W_{uhij} = \frac{\tilde W_{uhij}}{\epsilon + \sum_j \tilde W_{uhij}} .
+# $$
+
+# %%
+logits = torch.einsum("buihc,bujhc->buhij", q, k) / math.sqrt(d_head)
+softmax = logits.softmax(dim=-1)  # (B, U, H, T, T)
+W_tilde = C[:, :, None, :, None] * C[:, :, None, None, :] * softmax
+W = W_tilde / (1e-6 + W_tilde.sum(-1, keepdim=True))
+assert torch.allclose(attn.attention_weights(x, codes, C), W, atol=1e-6)
+
+# %% [markdown]
+# The values are mixed with these weights, the heads folded back into channels, and a last ModLin
+# gives the output (NI eq. 8). The library's forward pass must agree:
+
+# %%
+mixed = torch.einsum("buhij,bujhc->buihc", W, v).flatten(-2)  # (B, U, T, d)
+y = attn.out(mixed, code_per_stream)
+assert torch.allclose(attn(x, codes, C), y, atol=1e-5)
+y.shape
+
+# %% [markdown]
+# ## NI eq. 7 without the weights
+#
+# The `(B, U, H, T, T)` tensor $W$ need not exist. Write $s_{ij} = \operatorname{softmax}_j(q_i \cdot k_j/\sqrt{d_\text{key}})$
+# for the plain softmax of one stream and head. Then
+#
+# $$
+# \sum_j W_{ij} v_j = \frac{C_i \sum_j s_{ij} C_j v_j}{\epsilon + C_i \sum_j s_{ij} C_j}
+# = \frac{C_i N_i}{\epsilon + C_i D_i},
+# \qquad [N_i, D_i] = \sum_j s_{ij}\,[C_j v_j,\; C_j],
+# $$
+#
+# and $[N_i, D_i]$ is an ordinary attention output: the plain softmax applied to values with one
+# extra channel, $[C_j v_j, C_j]$. So a fused attention kernel (`F.scaled_dot_product_attention`,
+# which never stores the weights) computes NI eq. 7 exactly, $\epsilon$ included. There is no
+# $\log C$ anywhere, so the exact zeros of a truncated kernel are ordinary numbers.
+
+# %%
+Ci = C[:, :, :, None, None]  # (B, U, T, 1, 1)
+values = torch.cat([Ci * v, Ci.expand(B, U, T, H, 1)], dim=-1)  # [C_j v_j, C_j]
+ND = torch.einsum("buhij,bujhc->buihc", softmax, values)  # the plain softmax: no C in the weights
+N, D = ND[..., :d_head], ND[..., d_head:]
+assert torch.allclose((Ci * N / (1e-6 + Ci * D)).flatten(-2), mixed, atol=1e-6)
+
+attn.fused = True  # the library's fused path: the same algebra in F.scaled_dot_product_attention
+assert torch.allclose(attn(x, codes, C), y, atol=1e-5)
+attn.fused = None  # the default: see below
+
+# %% [markdown]
+# Which form is faster depends on the number of tokens. On a GPU the fused kernel wins. On a CPU
+# with few tokens (chapter 6 has 18), $W$ is no larger than the queries, and the fused kernel's
+# overhead per head costs more than it saves; from some tens of tokens on (about 64 here) it is
+# faster. Chapter 12
+# measures this. With `fused=None`, the default, ModAttn uses the fused kernel on a GPU and on a
+# CPU from `modnets.nn.modattn.FUSED_MIN_TOKENS` tokens on.
+
+# %% [markdown]
+# ## What the modulation does
+#
+# Below, for one sample and head, the plain softmax of each function (top) and the modulated weights
+# $W$ (bottom). Above each column is the function's compatibility with each token.
+
+# %%
+fig, axes = plt.subplots(2, U, figsize=(10, 6.2))
+for u in range(U):
+    axes[0, u].imshow(softmax[0, u, 0], vmin=0, vmax=1, cmap="Blues")
+    axes[0, u].set_title(
+        f"function {u}: softmax\nC = {[round(c, 2) for c in C[0, u].tolist()]}", fontsize=8
+    )
+    axes[1, u].imshow(W[0, u, 0], vmin=0, vmax=1, cmap="Blues")
+    axes[1, u].set_title(f"function {u}: modulated W", fontsize=8)
+    for ax in axes[:, u]:
+        ax.set(xlabel="key j", ylabel="query i", xticks=range(T), yticks=range(T))
+fig.tight_layout()
+
+# %% [markdown]
+# In the bottom row, the rows and columns of tokens a function may not read ($C_{ui} = 0$) are
+# blank: such a token neither attends nor is attended to in that stream. Among the tokens it may
+# read, the attention pattern is the softmax's, reweighted by compatibility and renormalised: keys
+# that match the function strongly draw more attention (key 0 in function 0's stream).
+
+# %%
+rows = W.sum(-1)  # (B, U, H, T)
+print("row sums, function 0, head 0:", rows[0, 0, 0])
+print("compatibilities:             ", C[0, 0])
+
+# %% [markdown]
+# Rows sum to one where the query is matched and to zero where it is not (more precisely to
+# $S/(\epsilon+S)$ with $S = \sum_j \tilde W_{uhij}$, which is 1 up to $\epsilon$ unless the
+# compatibilities are themselves tiny).
+#
+# :::{important}
+# NI eq. 7 renormalises by **division**. A second softmax over $\tilde W$ looks similar but is
+# wrong: $\exp(0) = 1$, so every masked token would get attention weight again. The failed public
+# reproduction of NI made this mistake. The check:
+# :::
+
+# %%
+resoftmax = W_tilde.softmax(dim=-1)
+masked_key = (C[0, 0] == 0).nonzero()[0].item()
+print(
+    f"weight on masked key {masked_key}: renormalised {W[0, 0, 0, :, masked_key].max():.3f}, "
+    f"re-softmaxed {resoftmax[0, 0, 0, :, masked_key].max():.3f}"
+)
+
+# %% [markdown]
+# ## A line of code
+#
+# A LOC is ModAttn followed by a ModMLP (chapter 1) sharing the code $c_u$, each behind a
+# LayerNorm and a residual weighted by compatibility (NI eqs. 9–10):
+#
+# $$
+# a_{ui} = x_{ui} + C_{ui}\,\operatorname{ModAttn}\big(\{\operatorname{LayerNorm}(x_{uj})\}_j;\, c_u, \{C_{uj}\}_j\big)_i,
+# \qquad
+# y_{ui} = a_{ui} + C_{ui}\,\operatorname{ModMLP}\big(\operatorname{LayerNorm}(a_{ui});\, c_u\big).
+# $$
+
+# %%
+loc = modnets.LOC(d, d_code, num_heads=H, mlp_hidden=32)
+
+
+def loc_from_scratch(x, codes, C):
+    gate = C[..., None]
+    a = x + gate * loc.attn(loc.norm_attn(x), codes, C)
+    return a + gate * loc.mlp(loc.norm_mlp(a), codes[:, None, :])
+
+
+out = loc(x, codes, C)
+assert torch.allclose(out, loc_from_scratch(x, codes, C), atol=1e-6)
+
+# %% [markdown]
+# The parameterisation guarantees $y_{ui} = x_{ui}$ whenever $C_{ui} = 0$: "if a function is not
+# granted access to a variable by the typing mechanism, it acts as an identity function for this
+# variable". Exactly, not approximately:
+
+# %%
+blocked = C == 0
+print(f"{int(blocked.sum())} of {blocked.numel()} (function, token) pairs are blocked")
+assert torch.equal(out[blocked], x[blocked])
+changed = (out - x).norm(dim=-1)
+print("how far each token moved, function 0:", changed[0, 0])
+
+# %% [markdown]
+# ## Vectorised = one function at a time
+#
+# The stream layout is only an implementation device: running the LOC for one function at a time
+# must give the same numbers.
+
+# %%
+looped = torch.stack(
+    [loc_from_scratch(x[:, u : u + 1], codes[u : u + 1], C[:, u : u + 1])[:, 0] for u in range(U)],
+    dim=1,
+)
+assert torch.allclose(out, looped, atol=1e-5)
+
+# %% [markdown]
+# The cost of this parallelism is memory: the attention weights are `(B, U, H, T, T)`, $U$ times a
+# transformer's. For the digits setting of chapter 6 (batch 128, 5 functions, 4 heads, 65 tokens)
+# that is 10.8 M floats per LOC, about 43 MB, unless the fused form above is used, which never
+# keeps them. Performance is measured in `bench/` and chapter 12.
+#
+# ## What we learned
+#
+# - ModAttn (NI eqs. 6–8) runs attention in one stream per function with code-programmed projections,
+#   multiplies the weights by $C_{ui}C_{uj}$ and renormalises by division.
+# - The same output is one ordinary attention over values $[C_j v_j, C_j]$, so a fused kernel
+#   computes NI eq. 7 exactly without storing the weights.
+# - A LOC (NI eqs. 9–10) adds ModAttn and ModMLP updates weighted by $C_{ui}$, so blocked pairs pass
+#   through unchanged.
+#
+# Next: stacking LOCs into an interpreter, iterating it, and assembling a full Neural Interpreter.
