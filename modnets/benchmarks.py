@@ -296,8 +296,8 @@ def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
 
 
 def _without_mixing(attn: ModAttn) -> Callable:
-    """A forward pass for ``attn`` that keeps its four ModLins and skips the token mixing of NI
-    eq. 7 (each token keeps its own value): what no attention kernel can beat."""
+    """A forward pass for ``attn`` that keeps its four ModLins and skips the token mixing
+    (NI eq. 7; each token keeps its own value): what no attention kernel can beat."""
 
     def forward(x, codes, compat, bias=None):
         c = codes[:, None, :]

@@ -58,7 +58,7 @@ class Equation:
 
     @property
     def item(self) -> str:
-        """``"eq. 4"`` or ``"Algorithm 1"``."""
+        """The item column: ``kind`` and ``number`` (``"Algorithm 1"``, or an equation)."""
         return f"{self.kind} {self.number}"
 
     @property
@@ -229,7 +229,8 @@ def render(equations: tuple[Equation, ...] = EQUATIONS) -> str:
         "",
         "The NFM paper prints no equation numbers. By this book's convention, NFM eqs. 1–3 are the",
         r"three formulas of its §3.2.1 in order: $A = \mathrm{Softmax}(\hat Q \hat K^\top / d_k) V$",
-        r"(eq. 1), $h_1 = \sigma(A W_{o1}) W_{o2}$ (eq. 2) and $h_2 = R + \gamma h_1$ (eq. 3).",
+        r"(NFM eq. 1), $h_1 = \sigma(A W_{o1}) W_{o2}$ (NFM eq. 2) and $h_2 = R + \gamma h_1$",
+        "(NFM eq. 3).",
         "",
         "| paper | item | what it is | code | pinned by | derived in |",
         "|---|---|---|---|---|---|",

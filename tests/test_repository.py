@@ -141,3 +141,23 @@ def test_every_script_has_its_notebook():
     assert scripts, "no chapter scripts in notebooks/"
     for script in scripts:
         assert script.with_suffix(".ipynb").exists(), f"{script.name} has no notebook"
+
+
+_EQ_REF = re.compile(r"[Ee]qs?\. ?[0-9]")
+_NAMED = re.compile(r"(NI|NAC|NFM) [Ee]qs?\.")
+
+
+def unnamed_equation_references(text: str) -> list[str]:
+    """Lines that cite an equation without naming its paper (the issue #20 grep)."""
+    return [line for line in text.splitlines() if _EQ_REF.search(line) and not _NAMED.search(line)]
+
+
+def test_unnamed_equation_check_can_fail():
+    assert unnamed_equation_references("see eq. 4\nNI eq. 4: ModLin") == ["see eq. 4"]
+
+
+def test_every_equation_reference_names_its_paper():
+    files = [*(ROOT / "modnets").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb"),
+             *(ROOT / "notebooks").glob("*.py")]  # fmt: skip
+    bad = {f.name: lines for f in files if (lines := unnamed_equation_references(f.read_text()))}
+    assert not bad, f"equation references without their paper (NI/NAC/NFM eq. N): {bad}"
