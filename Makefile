@@ -33,11 +33,12 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book publish test unit nbval book-check lint format bench equations sync clean
+.PHONY: help install book publish test unit nbval book-check lint format bench equations sync audit book-smoke shots clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
-	@echo "make test    unit tests + nbval on notebooks/ (smoke profile) + jupyter-book build -W"
+	@echo "make test    unit tests + nbval on notebooks/ (smoke profile) + the book built at the smoke profile, -W, and audited"
+	@echo "make audit   audit the HTML of make book (what a reader sees); make shots: screenshots"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run the benchmarks in bench/"
 	@echo "make equations  regenerate book/equations.md from modnets/equations.py"
@@ -56,9 +57,37 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# MODNETS_PROGRESS=0: no progress bars in the pages (modnets.utils.progress); a live notebook
+# and Colab keep them.
 book: install
-	$(BIN)/jupyter-book build . -W --keep-going
+	MODNETS_PROGRESS=0 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "Book: $(abspath _build/html/index.html)"
+
+# What a reader sees, checked without a browser: install cells, progress bars, warnings with
+# temporary paths, lines wider than the content column, citation keys in a table of contents.
+audit: install
+	$(PY) tests/book_audit.py _build/html
+
+# The book executed at the smoke profile (real outputs, in seconds) into _build/smoke, then
+# audited: part of make test.
+book-smoke: install
+	mkdir -p _build/smoke
+	$(PY) -c "import yaml; c = yaml.safe_load(open('_config.yml')); \
+		c['execute']['execute_notebooks'] = 'force'; c['execute'].pop('cache'); \
+		yaml.safe_dump(c, open('_build/smoke/_config.yml', 'w'))"
+	MODNETS_PROFILE=smoke MODNETS_PROGRESS=0 $(BIN)/jupyter-book build . -W --keep-going \
+		--config _build/smoke/_config.yml --path-output _build/smoke
+	$(PY) tests/book_audit.py _build/smoke/_build/html
+
+# Screenshots of every chapter page at 1280 px, for a human look before a release (needs chromium).
+shots:
+	command -v chromium >/dev/null || { echo "make shots needs chromium" >&2; exit 1; }
+	mkdir -p _build/shots
+	for page in _build/html/book/*.html _build/html/notebooks/*.html; do
+		chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,4000 \
+			--screenshot=_build/shots/$$(basename $$page .html).png file://$(CURDIR)/$$page 2>/dev/null
+	done
+	@echo "screenshots in $(abspath _build/shots)"
 
 # By hand, what .github/workflows/book.yml does on every push to main: the built book onto the
 # gh-pages branch (GitHub Pages serves it; .nojekyll keeps Sphinx's _static folders).
@@ -81,7 +110,7 @@ book-check: install
 		yaml.safe_dump(c, open('_build/check/_config.yml', 'w'))"
 	$(BIN)/jupyter-book build . -W --keep-going --config _build/check/_config.yml --path-output _build/check
 
-test: lint unit nbval book-check
+test: lint unit nbval book-smoke
 
 lint: install
 	$(BIN)/ruff check .

@@ -35,6 +35,7 @@ from modnets.nn.read_in import ReadIn
 from modnets.profiles import get_profile, select
 from modnets.threads import GOMP_SPINCOUNT
 from modnets.timing import median_time, saved_bytes
+from modnets.utils import wrap
 
 __all__ = [
     "BenchConfig",
@@ -677,4 +678,4 @@ def format_result(res: dict) -> str:
     for row in res["rows"]:
         lines.append("   " + "  ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))  # fmt: skip
-    return "\n".join(lines)
+    return wrap("\n".join(lines))

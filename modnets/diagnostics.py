@@ -17,6 +17,8 @@ import math
 import torch
 from torch import Tensor
 
+from modnets.utils import wrap
+
 __all__ = ["routing", "routing_regime", "regime_line", "ni_routing", "links", "nfm_reads"]
 
 
@@ -84,7 +86,8 @@ def routing_regime(r: dict) -> str:
 
 
 def regime_line(entries: list[dict]) -> str:
-    """One sentence for a chapter or a results summary: the routing regime of each seed."""
+    """One sentence for a chapter or a results summary: the routing regime of each seed
+    (wrapped to the book's column)."""
     by = {}
     for e in entries:
         by.setdefault(e["regime"], []).append(str(e.get("seed", "?")))
@@ -96,7 +99,7 @@ def regime_line(entries: list[dict]) -> str:
         warn = (
             " -- where it is collapsed or uniform, the modular routing the claims rely on is weak"
         )
-    return "routing after pretraining: " + "; ".join(parts) + warn
+    return wrap("routing after pretraining: " + "; ".join(parts) + warn)
 
 
 @torch.no_grad()

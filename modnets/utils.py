@@ -6,6 +6,7 @@ import importlib.util
 import os
 import random
 import sys
+import textwrap
 
 import numpy as np
 import torch
@@ -57,8 +58,13 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
     In a live notebook with ipywidgets (Colab, JupyterLab) it is a widget. Elsewhere (a terminal, a
     notebook executed for the book) it is a text bar on stdout that refreshes at most every
     ``mininterval`` seconds (default 10), so an executed notebook keeps a short log, not hundreds
-    of lines.
+    of lines. ``MODNETS_PROGRESS=0`` (``make book`` sets it) turns every bar off: a rendered page
+    shows results, not the log of the run that computed them.
     """
+    if os.environ.get("MODNETS_PROGRESS", "1") == "0":
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, disable=True)
     if _in_notebook_with_widgets():
         from tqdm.auto import tqdm
 
@@ -69,3 +75,28 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
     kwargs.setdefault("file", sys.stdout)
     kwargs.setdefault("dynamic_ncols", False)
     return tqdm(iterable, total=total, desc=desc, **kwargs)
+
+
+#: Characters of a printed line the book's content column shows (book/_static/modnets.css).
+TEXT_WIDTH = 88
+
+
+def wrap(text: str, width: int = TEXT_WIDTH) -> str:
+    """``text`` with every line longer than ``width`` broken at spaces, continued with its own
+    indentation plus four spaces: what the library prints fits the book's column and a terminal.
+    Lines that fit are left as they are (tables keep their columns)."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        out.append(textwrap.fill(line.strip(), width, initial_indent=indent,
+                                 subsequent_indent=indent + "    ", break_long_words=False,
+                                 break_on_hyphens=False))  # fmt: skip
+    return "\n".join(out)
+
+
+def show(obj: object, width: int = TEXT_WIDTH) -> None:
+    """Print ``repr(obj)`` (a configuration, say) wrapped to ``width`` at its spaces."""
+    print(wrap(repr(obj), width))

@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 1. Modulated linear layers
@@ -50,7 +52,7 @@ from torch import nn
 
 import modnets
 from modnets.nn import modffn_parameter_count
-from modnets.utils import count_parameters, seed_everything
+from modnets.utils import count_parameters, seed_everything, wrap
 
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)
@@ -163,11 +165,14 @@ direction, offset = torch.randn(16), torch.randn(16)
 t = torch.linspace(-3, 3, 200)
 line = offset + t[:, None] * direction  # (200, 16): a line through input space
 with torch.no_grad():
-    curves = mlp(line[:, None, :], codes[:5])  # (200, 5 codes, 1): all codes in one call
+    # (200, 5 codes, 1): all codes in one call
+    curves = mlp(line[:, None, :], codes[:5])
 
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.6))
 im = ax0.imshow(modulations, cmap="RdBu_r", vmin=-2.5, vmax=2.5, aspect="auto")
-ax0.set(xlabel="input feature", ylabel="code $u$", title=r"modulation LayerNorm$(W_c c_u)$")
+ax0.set(
+    xlabel="input feature", ylabel="code $u$", title=r"modulation LayerNorm$(W_c c_u)$"
+)
 fig.colorbar(im, ax=ax0)
 for u in range(5):
     ax1.plot(t, curves[:, u, 0], label=f"code {u}")
@@ -207,7 +212,9 @@ def modmlp_from_scratch(x, c, layers):
 
 x16, c8 = torch.randn(16), torch.randn(8)
 with torch.no_grad():
-    assert torch.allclose(mlp(x16, c8), modmlp_from_scratch(x16, c8, mlp.layers), atol=1e-5)
+    assert torch.allclose(
+        mlp(x16, c8), modmlp_from_scratch(x16, c8, mlp.layers), atol=1e-5
+    )
 
 
 # %% [markdown]
@@ -229,14 +236,17 @@ def modfc_from_scratch(x, c, W, b, W_c, alpha):
 
 
 modfc = modnets.ModFC(d_in, d_out, d_code)  # alpha starts at 0.1
-modfc.load_state_dict({"weight": W, "bias": b, "code_weight": W_c, "alpha": torch.tensor(0.1)})
+modfc.load_state_dict(
+    {"weight": W, "bias": b, "code_weight": W_c, "alpha": torch.tensor(0.1)}
+)
 assert torch.allclose(modfc(x, c), modfc_from_scratch(x, c, W, b, W_c, 0.1), atol=1e-6)
 
 linear = nn.Linear(d_in, d_out)
 linear.load_state_dict({"weight": W, "bias": b})
 with torch.no_grad():
     modfc.alpha.zero_()
-    assert torch.allclose(modfc(x, c), linear(x), atol=1e-6)  # alpha = 0: exactly nn.Linear
+    # alpha = 0: exactly nn.Linear
+    assert torch.allclose(modfc(x, c), linear(x), atol=1e-6)
 print("alpha = 0 recovers nn.Linear")
 
 # %% [markdown]
@@ -257,7 +267,9 @@ fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot(alphas, rel, marker="o", ms=3)
 ax.axvline(0.1, color="gray", ls="--", lw=1)
 ax.set(
-    xlabel=r"$\alpha$", ylabel="relative change of output", title="ModFC: strength of conditioning"
+    xlabel=r"$\alpha$",
+    ylabel="relative change of output",
+    title="ModFC: strength of conditioning",
 )
 fig.tight_layout()
 
@@ -282,7 +294,9 @@ def geglu(h):
 
 ffn = modnets.ModFFN(d_in, d_in, d_code, hidden_features=10, activation="geglu")
 with torch.no_grad():
-    h = modfc_from_scratch(x, c, ffn.fc1.weight, ffn.fc1.bias, ffn.fc1.code_weight, ffn.fc1.alpha)
+    h = modfc_from_scratch(
+        x, c, ffn.fc1.weight, ffn.fc1.bias, ffn.fc1.code_weight, ffn.fc1.alpha
+    )
     ref = modfc_from_scratch(
         geglu(h), c, ffn.fc2.weight, ffn.fc2.bias, ffn.fc2.code_weight, ffn.fc2.alpha
     )
@@ -308,7 +322,9 @@ states = torch.randn(B, U, d_in)
 module_codes = torch.randn(U, d_code)
 with torch.no_grad():
     batched = modlin(states, module_codes)  # (B, U, d_out)
-    looped = torch.stack([modlin(states[:, u], module_codes[u]) for u in range(U)], dim=1)
+    looped = torch.stack(
+        [modlin(states[:, u], module_codes[u]) for u in range(U)], dim=1
+    )
 assert torch.allclose(batched, looped, atol=1e-6)
 
 streams = torch.randn(B, U, 9, d_in)  # (batch, functions, tokens, d_in)
@@ -324,7 +340,7 @@ batched.shape, out.shape
 try:
     modlin(torch.randn(2, d_in + 1), c)
 except ValueError as err:
-    print("ValueError:", err)
+    print(wrap(f"ValueError: {err}"))
 
 # %% [markdown]
 # ## Counting parameters (NAC App. B.1)
@@ -349,7 +365,9 @@ class ModFFNStack(nn.Module):
     def __init__(self, num_modules):
         super().__init__()
         self.ffns = nn.ModuleList(
-            modnets.ModFFN(d_model, d_model, d_c, hidden_features=d_h, activation="gelu")
+            modnets.ModFFN(
+                d_model, d_model, d_c, hidden_features=d_h, activation="gelu"
+            )
             for _ in range(L)
         )
         self.codes = nn.Parameter(torch.randn(num_modules, d_c))
@@ -382,7 +400,7 @@ print(f"each extra module adds {per_module:.0f} parameters (= d_c)")
 # Without sharing, each module would need its own FFN stack. The figure compares the two on a log
 # scale.
 
-# %%
+# %% tags=["hide-input"]
 Us = sorted({round(u) for u in torch.logspace(0, 4, 40).tolist()})
 shared = [modffn_parameter_count(L, d_model, d_h, d_c, u)["exact"] for u in Us]
 independent = [u * L * (2 * d_model * d_h + d_h + d_model) for u in Us]

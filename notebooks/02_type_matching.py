@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 2. Type inference and type matching
@@ -148,14 +150,15 @@ assert torch.allclose(tm(types, signatures), C, atol=1e-6)
 assert torch.allclose(
     tm.kernel(types, signatures), kernel_from_scratch(types, signatures, tau, sigma)
 )
-print("columns sum to", C.sum(1)[0])
+print("columns sum to", [round(v, 3) for v in C.sum(1)[0].tolist()])
 
 # %% [markdown]
 # Two checks of the mask's direction: a type equal to a signature gets $\tilde C = e^0 = 1$, and a
 # type beyond $\tau$ gets 0.
 
 # %%
-probe = torch.stack([signatures[0], -signatures[0]])[None]  # on s_0, and antipodal to s_0
+# on s_0, and antipodal to s_0
+probe = torch.stack([signatures[0], -signatures[0]])[None]
 k = tm.kernel(probe, signatures)
 assert k[0, 0, 0] == 1.0 and k[0, 0, 1] == 0.0
 k[0, 0].detach()
@@ -163,11 +166,13 @@ k[0, 0].detach()
 # %% [markdown]
 # The kernel as a function of distance, for several bandwidths, truncated at $\tau = 1$:
 
-# %%
+# %% tags=["hide-input"]
 dist = torch.linspace(0, 2, 400)
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
 for s in (0.1, 0.3, 1.0, 3.0):
-    ax.plot(dist, torch.where(dist < tau, torch.exp(-dist / s), 0.0), label=rf"$\sigma$={s}")
+    ax.plot(
+        dist, torch.where(dist < tau, torch.exp(-dist / s), 0.0), label=rf"$\sigma$={s}"
+    )
 ax.axvline(tau, color="gray", ls="--", lw=1)
 ax.text(tau + 0.03, 0.9, r"$\tau$", color="gray")
 ax.set(xlabel=r"distance $1 - s_u \cdot t_i$", ylabel=r"$\tilde C_{ui}$")
@@ -197,7 +202,9 @@ fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
 for ax, tau_ in zip(axes, (0.05, 0.2, 1.0), strict=True):
     C2 = modnets.TypeMatching(truncation=tau_, sigma=0.1)(types2, sigs2)[0]  # (U, 400)
     owner = C2.argmax(0)
-    colours = np.where((C2.sum(0) > 0)[:, None].numpy(), plt.cm.tab10(owner.numpy())[:, :3], 0.8)
+    colours = np.where(
+        (C2.sum(0) > 0)[:, None].numpy(), plt.cm.tab10(owner.numpy())[:, :3], 0.8
+    )
     ax.scatter(types2[0, :, 0], types2[0, :, 1], c=colours, s=8)
     ax.scatter(
         sigs2[:, 0],
@@ -208,7 +215,8 @@ for ax, tau_ in zip(axes, (0.05, 0.2, 1.0), strict=True):
         edgecolors="k",
     )
     ax.set(
-        title=rf"$\tau$ = {tau_}: {(C2.sum(0) > 0).float().mean():.0%} of tokens routed",
+        title=rf"$\tau$ = {tau_}: {(C2.sum(0) > 0).float().mean():.0%} of tokens "
+        "routed",
         aspect="equal",
         xticks=[],
         yticks=[],
@@ -228,13 +236,17 @@ fig.tight_layout()
 # $1/\sqrt{d}$, so their distance concentrates around 1. The fraction of (function, token) pairs
 # that survive truncation then jumps from 0 to 1 in a narrow window around $\tau = 1$:
 
-# %%
+# %% tags=["hide-input"]
 taus = torch.linspace(0.01, 2.0, 200)
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
 for dt in (2, 4, 24, 64):
     t_rand = F.normalize(torch.randn(1, 4000, dt), dim=-1)
     dd = distance(t_rand, random_signatures(8, dt)).flatten()
-    ax.plot(taus, [(dd < tau_).float().mean() for tau_ in taus], label=f"$d_{{type}}$ = {dt}")
+    ax.plot(
+        taus,
+        [(dd < tau_).float().mean() for tau_ in taus],
+        label=f"$d_{{type}}$ = {dt}",
+    )
 ax.axvline(1.42, color="gray", ls=":", lw=1)
 ax.set(xlabel=r"truncation $\tau$", ylabel="fraction of pairs kept")
 ax.legend(fontsize=8)
@@ -264,12 +276,16 @@ routed = np.zeros((len(sigmas_grid), len(taus_grid)))
 eff = np.full_like(routed, np.nan)
 for a, s in enumerate(sigmas_grid):
     for b, tau_ in enumerate(taus_grid):
-        Cg = modnets.TypeMatching(truncation=tau_, sigma=s)(t_rand, sig5)[0].detach()  # (U, tokens)
+        Cg = modnets.TypeMatching(truncation=tau_, sigma=s)(t_rand, sig5)[
+            0
+        ].detach()  # (U, tokens)
         ok = Cg.sum(0) > 0.5
         routed[a, b] = ok.float().mean()
         p = Cg[:, ok] / Cg[:, ok].sum(0)
         if ok.any():
-            eff[a, b] = torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum(0)).mean().item()
+            eff[a, b] = (
+                torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum(0)).mean().item()
+            )
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 for ax, data, title in (
@@ -308,13 +324,17 @@ fig.tight_layout()
 # (`NIConfig(straight_through=True)` turns it on).
 
 # %%
-far_type = (-signatures[:1])[None].clone().requires_grad_(True)  # beyond tau for function 0
+# beyond tau for function 0
+far_type = (-signatures[:1])[None].clone().requires_grad_(True)
 for st in (False, True):
     k0 = modnets.TypeMatching(truncation=tau, sigma=sigma, straight_through=st).kernel(
         far_type, signatures
     )
     (g,) = torch.autograd.grad(k0[0, 0, 0], far_type)
-    print(f"straight_through={st}: value {k0[0, 0, 0].item():.1f}, gradient norm {g.norm():.3f}")
+    print(
+        f"straight_through={st}: value {k0[0, 0, 0].item():.1f}, gradient norm "
+        f"{g.norm():.3f}"
+    )
 
 # %% [markdown]
 # ## What we learned

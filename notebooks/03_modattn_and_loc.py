@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 3. ModAttn and lines of code
@@ -132,11 +134,14 @@ y.shape
 # %%
 Ci = C[:, :, :, None, None]  # (B, U, T, 1, 1)
 values = torch.cat([Ci * v, Ci.expand(B, U, T, H, 1)], dim=-1)  # [C_j v_j, C_j]
-ND = torch.einsum("buhij,bujhc->buihc", softmax, values)  # the plain softmax: no C in the weights
+# the plain softmax: no C in the weights
+ND = torch.einsum("buhij,bujhc->buihc", softmax, values)
 N, D = ND[..., :d_head], ND[..., d_head:]
 assert torch.allclose((Ci * N / (1e-6 + Ci * D)).flatten(-2), mixed, atol=1e-6)
 
-attn.fused = True  # the library's fused path: the same algebra in F.scaled_dot_product_attention
+attn.fused = (
+    True  # the library's fused path: the same algebra in F.scaled_dot_product_attention
+)
 assert torch.allclose(attn(x, codes, C), y, atol=1e-5)
 attn.fused = None  # the default: see below
 
@@ -154,12 +159,13 @@ attn.fused = None  # the default: see below
 # Below, for one sample and head, the plain softmax of each function (top) and the modulated weights
 # $W$ (bottom). Above each column is the function's compatibility with each token.
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(2, U, figsize=(10, 6.2))
 for u in range(U):
     axes[0, u].imshow(softmax[0, u, 0], vmin=0, vmax=1, cmap="Blues")
     axes[0, u].set_title(
-        f"function {u}: softmax\nC = {[round(c, 2) for c in C[0, u].tolist()]}", fontsize=8
+        f"function {u}: softmax\nC = {[round(c, 2) for c in C[0, u].tolist()]}",
+        fontsize=8,
     )
     axes[1, u].imshow(W[0, u, 0], vmin=0, vmax=1, cmap="Blues")
     axes[1, u].set_title(f"function {u}: modulated W", fontsize=8)
@@ -193,7 +199,8 @@ print("compatibilities:             ", C[0, 0])
 resoftmax = W_tilde.softmax(dim=-1)
 masked_key = (C[0, 0] == 0).nonzero()[0].item()
 print(
-    f"weight on masked key {masked_key}: renormalised {W[0, 0, 0, :, masked_key].max():.3f}, "
+    f"weight on masked key {masked_key}: renormalised "
+    f"{W[0, 0, 0, :, masked_key].max():.3f}, "
     f"re-softmaxed {resoftmax[0, 0, 0, :, masked_key].max():.3f}"
 )
 
@@ -242,7 +249,10 @@ print("how far each token moved, function 0:", changed[0, 0])
 
 # %%
 looped = torch.stack(
-    [loc_from_scratch(x[:, u : u + 1], codes[u : u + 1], C[:, u : u + 1])[:, 0] for u in range(U)],
+    [
+        loc_from_scratch(x[:, u : u + 1], codes[u : u + 1], C[:, u : u + 1])[:, 0]
+        for u in range(U)
+    ],
     dim=1,
 )
 assert torch.allclose(out, looped, atol=1e-5)

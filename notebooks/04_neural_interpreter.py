@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 4. The Neural Interpreter
@@ -49,7 +51,7 @@ import torch.nn.functional as F
 
 import modnets
 from modnets.profiles import get_profile, select
-from modnets.utils import count_parameters, progress, seed_everything
+from modnets.utils import count_parameters, progress, seed_everything, show
 
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)
@@ -73,7 +75,8 @@ print("profile:", PROFILE)
 # digits-sized model of the public code (dim 192, 5 functions, 8 iterations) at initialisation.
 
 # %%
-cfg = modnets.NIConfig(in_channels=1)  # digits preset: 32x32 images, 4x4 patches, 8 iterations
+# digits preset: 32x32 images, 4x4 patches, 8 iterations
+cfg = modnets.NIConfig(in_channels=1)
 model = modnets.NeuralInterpreter(cfg).eval()
 images = torch.randn(4, 1, 32, 32)
 
@@ -93,7 +96,9 @@ def token_norms(model, residual):
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
 for residual in ("literal", "delta"):
-    ax.semilogy(token_norms(model, residual), marker="o", label=f"residual='{residual}'")
+    ax.semilogy(
+        token_norms(model, residual), marker="o", label=f"residual='{residual}'"
+    )
 ax.set(xlabel="function iteration", ylabel="mean token norm")
 ax.legend()
 fig.tight_layout()
@@ -134,7 +139,9 @@ with torch.no_grad():
     for residual in ("delta", "literal"):
         interp.residual = residual
         assert torch.allclose(
-            interp(x, codes, C), interpreter_from_scratch(x, codes, C, residual), atol=1e-5
+            interp(x, codes, C),
+            interpreter_from_scratch(x, codes, C, residual),
+            atol=1e-5,
         )
     interp.residual = "delta"
 
@@ -158,7 +165,9 @@ def function_iteration_from_scratch(x, it, signatures, codes):
 
 def script_from_scratch(x, script):
     for _ in range(script.num_iterations):
-        x = function_iteration_from_scratch(x, script.iteration, script.signatures, script.codes)
+        x = function_iteration_from_scratch(
+            x, script.iteration, script.signatures, script.codes
+        )
     return x
 
 
@@ -183,8 +192,10 @@ def neural_interpreter_from_scratch(model, images):
 
 with torch.no_grad():
     logits = model(images)
-    assert torch.allclose(logits, neural_interpreter_from_scratch(model, images), atol=1e-4)
-print(model.config)
+    assert torch.allclose(
+        logits, neural_interpreter_from_scratch(model, images), atol=1e-4
+    )
+show(model.config)
 logits.shape
 
 # %% [markdown]
@@ -197,10 +208,15 @@ logits.shape
 
 # %%
 Us = [1, 2, 5, 10, 20, 40, 64]
-counts = [count_parameters(modnets.NeuralInterpreter(cfg.replace(num_functions=u))) for u in Us]
+counts = [
+    count_parameters(modnets.NeuralInterpreter(cfg.replace(num_functions=u)))
+    for u in Us
+]
 vit_count = count_parameters(modnets.ViT(cfg))
 per_function = cfg.num_scripts * (cfg.type_dim + cfg.code_dim)
-assert all(n - counts[0] == (u - 1) * per_function for u, n in zip(Us, counts, strict=True))
+assert all(
+    n - counts[0] == (u - 1) * per_function for u, n in zip(Us, counts, strict=True)
+)
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.plot(Us, counts, marker="o", label="Neural Interpreter")
@@ -209,7 +225,8 @@ ax.set(xlabel="number of functions $U$", ylabel="parameters", ylim=(0, 1.1 * vit
 ax.legend()
 fig.tight_layout()
 print(
-    f"each function adds {per_function} parameters; NI with 5 functions: {counts[2]:,}; ViT: {vit_count:,}"
+    f"each function adds {per_function} parameters; NI with 5 functions: "
+    f"{counts[2]:,}; ViT: {vit_count:,}"
 )
 
 # %% [markdown]
@@ -228,9 +245,19 @@ print(
 # %%
 steps = select({"smoke": 100, "cpu": 1500, "gpu": 3000})
 toy = modnets.NIConfig(
-    dim=32, type_dim=8, num_functions=4, num_iterations=3, num_locs=1, num_heads=2, mlp_hidden=64,
-    truncation=1.2, input_kind="vector", num_elements=6, num_cls=2, num_outputs=1,
-)  # fmt: skip
+    dim=32,
+    type_dim=8,
+    num_functions=4,
+    num_iterations=3,
+    num_locs=1,
+    num_heads=2,
+    mlp_hidden=64,
+    truncation=1.2,
+    input_kind="vector",
+    num_elements=6,
+    num_cls=2,
+    num_outputs=1,
+)
 g = torch.Generator().manual_seed(0)
 
 
@@ -349,9 +376,11 @@ from modnets import diagnostics
 
 r = diagnostics.ni_routing(net, x_val[:256])
 for k in range(len(r["functions_per_token"])):
-    print(f"iteration {k + 1}: {r['functions_per_token'][k]:.2f} functions match a token, "
-          f"{r['functions_used'][k]} of {net.scripts[0].num_functions} used, "
-          f"routing entropy {r['routing_entropy'][k]:.2f}, unmatched {r['unmatched'][k]:.0%}")  # fmt: skip
+    print(
+        f"iteration {k + 1}: {r['functions_per_token'][k]:.2f} functions match a "
+        f"token, {r['functions_used'][k]} of {net.scripts[0].num_functions} used, "
+        f"entropy {r['routing_entropy'][k]:.2f}, unmatched {r['unmatched'][k]:.0%}"
+    )
 print("regime:", r["regime"])
 
 # %% [markdown]
@@ -361,11 +390,12 @@ print("regime:", r["regime"])
 # number of iterations than it was trained with (NI Fig. 8). Here, the validation loss of the toy
 # model against the number of iterations at inference:
 
-# %%
+# %% tags=["hide-input"]
 with torch.no_grad():
     iters = list(range(0, 2 * toy.num_iterations + 1))
     val = [
-        F.mse_loss(net(x_val, num_iterations=n)[..., 0], (y_val - mu) / sd).item() for n in iters
+        F.mse_loss(net(x_val, num_iterations=n)[..., 0], (y_val - mu) / sd).item()
+        for n in iters
     ]
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.semilogy(iters, val, marker="o")
@@ -396,7 +426,10 @@ with torch.no_grad():
     net.remove_functions([1, 4, 5])
     assert torch.allclose(net(x_val), masked, atol=1e-5)  # equal up to float rounding
 print("functions per script now:", net.scripts[0].num_functions)
-print(f"validation MSE without function 1: {F.mse_loss(masked[..., 0], (y_val - mu) / sd):.4f}")
+print(
+    "validation MSE without function 1: "
+    f"{F.mse_loss(masked[..., 0], (y_val - mu) / sd):.4f}"
+)
 
 # %% [markdown]
 # ## What we learned

@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 5. Learning fuzzy Boolean expressions
@@ -45,16 +47,23 @@ from IPython.display import Markdown, display
 
 import modnets
 from modnets import diagnostics
-from modnets.data.fuzzy_boolean import fuzzy_and, fuzzy_not, fuzzy_or, minterms, sample_functions
+from modnets.data.fuzzy_boolean import (
+    fuzzy_and,
+    fuzzy_not,
+    fuzzy_or,
+    minterms,
+    sample_functions,
+)
 from modnets.experiments import fuzzy_boolean as fb
 from modnets.experiments.claims import claims_table, verdict_sentences
 from modnets.experiments.results import results_path, save_results
+from modnets.utils import show, wrap
 from modnets.viz import draw_routing
 
 PROFILE = modnets.get_profile()
 config = modnets.profiles.select(fb.CONFIGS)
 print("profile:", PROFILE)
-config
+show(config)
 
 # %% [markdown]
 # ## Fuzzy logic
@@ -72,7 +81,8 @@ config
 for a, b in itertools.product([0.0, 1.0], repeat=2):
     a_, b_ = torch.tensor(a), torch.tensor(b)
     print(
-        f"a={a:.0f} b={b:.0f}   and={fuzzy_and(a_, b_):.0f}  or={fuzzy_or(a_, b_):.0f}  not a={fuzzy_not(a_):.0f}"
+        f"a={a:.0f} b={b:.0f}   and={fuzzy_and(a_, b_):.0f}  or={fuzzy_or(a_, b_):.0f} "
+        f" not a={fuzzy_not(a_):.0f}"
     )
 
 # %% [markdown]
@@ -94,7 +104,7 @@ for a, b in itertools.product([0.0, 1.0], repeat=2):
 # %%
 functions = sample_functions(30, seed=config.train.task_seed)
 f0 = functions[0]
-print("f0 =", f0.dnf(0)[:160], "...")
+print(wrap(f"f0 = {f0.dnf(0)[:160]} ..."))
 
 
 def dnf_from_scratch(x, table):
@@ -117,7 +127,8 @@ assert torch.allclose(f0(x)[:, 0], dnf_from_scratch(x, f0.tables[0]))
 # table:
 
 # %%
-corners = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5))).flip(-1)  # row k = bits of k
+# row k = bits of k
+corners = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5))).flip(-1)
 assert torch.equal(functions(corners).T, functions.tables.float())
 print(
     "minterms sum to one:",
@@ -154,7 +165,8 @@ fig.suptitle(f"$x_3, x_4, x_5$ = {[round(v, 2) for v in rest.tolist()]}", y=1.02
 # %%
 var = functions(torch.rand(20000, 5)).var(0)
 print(
-    f"variance of the targets under uniform inputs: median {var.median():.4f}, range {var.min():.4f}-{var.max():.4f}"
+    f"variance of the targets under uniform inputs: median {var.median():.4f}, range "
+    f"{var.min():.4f}-{var.max():.4f}"
 )
 
 # %% [markdown]
@@ -193,7 +205,9 @@ def evaluate(tree, x):
         return x[:, tree[1]]
     if op == "not":
         return fuzzy_not(evaluate(tree[1], x))
-    return (fuzzy_and if op == "and" else fuzzy_or)(evaluate(tree[1], x), evaluate(tree[2], x))
+    return (fuzzy_and if op == "and" else fuzzy_or)(
+        evaluate(tree[1], x), evaluate(tree[2], x)
+    )
 
 
 assert torch.allclose(formulas(x)[:, 0], evaluate(tree, x))
@@ -218,8 +232,8 @@ assert torch.allclose(formulas(x)[:, 0], evaluate(tree, x))
 # %%
 t = config.train
 print(
-    f"{t.points_per_function:,} points per function, {t.pretrain.epochs} + {t.finetune.epochs} epochs, "
-    f"seeds {config.seeds}"
+    f"{t.points_per_function:,} points per function, {t.pretrain.epochs} + "
+    f"{t.finetune.epochs} epochs, seeds {config.seeds}"
 )
 
 # %% [markdown]
@@ -250,36 +264,71 @@ print(
 chosen_train, sweep_report = fb.sweep(config)
 cands = pd.DataFrame(sweep_report["candidates"])
 cands["chosen"] = [
-    all(r[k] == v for k, v in sweep_report["chosen"].items()) for r in sweep_report["candidates"]
+    all(r[k] == v for k, v in sweep_report["chosen"].items())
+    for r in sweep_report["candidates"]
 ]
-for col in ("functions_used", "routing_entropy", "functions_per_token"):  # one value per iteration
+for col in (
+    "functions_used",
+    "routing_entropy",
+    "functions_per_token",
+):  # one value per iteration
     cands[col] = cands[col].map(
         lambda v: " / ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in v)
     )
-display(cands.rename(columns={"r2": "selection R²", "type_dim": "type dim"}).style.hide(axis="index").format(
-    {"selection R²": "{:.4f}"}))  # fmt: skip
-print(f"{sweep_report['epochs']} pretraining epochs per candidate, scored on "
-      f"{sweep_report['selection_points']:,} held-out training points; chosen: "
-      f"{sweep_report['chosen']} ({sweep_report['chosen_regime']} routing)")  # fmt: skip
+display(
+    cands.rename(columns={"r2": "selection R²", "type_dim": "type dim"})
+    .style.hide(axis="index")
+    .format({"selection R²": "{:.4f}"})
+)
+print(
+    wrap(
+        f"{sweep_report['epochs']} pretraining epochs per candidate, scored on "
+        f"{sweep_report['selection_points']:,} held-out training points; chosen: "
+        f"{sweep_report['chosen']} ({sweep_report['chosen_regime']} routing)"
+    )
+)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 colours = {"collapsed": "C3", "modular": "C2", "uniform": "C0"}
 for r in sweep_report["candidates"]:
     entropy = sum(r["routing_entropy"]) / len(r["routing_entropy"])
     marker = "s" if r["straight_through"] else "o"
-    ax.scatter(entropy, r["r2"], c=colours[r["regime"]], marker=marker, s=40 + 15 * r["type_dim"])
-    ax.annotate(f"τ {r['truncation']:g}", (entropy, r["r2"]), fontsize=7, xytext=(4, 3),
-                textcoords="offset points")  # fmt: skip
-best = next(r for r in sweep_report["candidates"]
-            if all(r[k] == v for k, v in sweep_report["chosen"].items()))  # fmt: skip
-ax.scatter(sum(best["routing_entropy"]) / len(best["routing_entropy"]), best["r2"], s=300,
-           facecolors="none", edgecolors="k", label="chosen")  # fmt: skip
+    ax.scatter(
+        entropy,
+        r["r2"],
+        c=colours[r["regime"]],
+        marker=marker,
+        s=40 + 15 * r["type_dim"],
+    )
+    ax.annotate(
+        f"τ {r['truncation']:g}",
+        (entropy, r["r2"]),
+        fontsize=7,
+        xytext=(4, 3),
+        textcoords="offset points",
+    )
+best = next(
+    r
+    for r in sweep_report["candidates"]
+    if all(r[k] == v for k, v in sweep_report["chosen"].items())
+)
+ax.scatter(
+    sum(best["routing_entropy"]) / len(best["routing_entropy"]),
+    best["r2"],
+    s=300,
+    facecolors="none",
+    edgecolors="k",
+    label="chosen",
+)
 for name, colour in colours.items():
     ax.scatter([], [], c=colour, label=name)
 ax.axvline(diagnostics.UNIFORM_ENTROPY, color="gray", ls="--", lw=1)
-ax.set(xlabel="routing entropy of the variable tokens (mean over iterations)",
-       ylabel="selection $R^2$", title="the sweep: routing against fit")  # fmt: skip
+ax.set(
+    xlabel="routing entropy of the variable tokens (mean over iterations)",
+    ylabel="selection $R^2$",
+    title="the sweep: routing against fit",
+)
 ax.legend(fontsize=8)
 fig.tight_layout()
 
@@ -294,12 +343,17 @@ fig.tight_layout()
 # the new functions' training points):
 
 # %%
-display(pd.DataFrame(sweep_report["finetune_lr_selection"]).T.rename(columns=lambda lr: f"lr {float(lr):g}")
-        .assign(chosen=[f"{sweep_report['finetune_lrs'][r]:g}" for r in fb.REGIMES]).round(4))  # fmt: skip
-print(chosen_train.model_config())
+display(
+    pd.DataFrame(sweep_report["finetune_lr_selection"])
+    .T.rename(columns=lambda lr: f"lr {float(lr):g}")
+    .assign(chosen=[f"{sweep_report['finetune_lrs'][r]:g}" for r in fb.REGIMES])
+    .round(4)
+)
+show(chosen_train.model_config())
 
 # %%
-results = fb.run(config, profile=PROFILE)  # the sweep above, then every seed at its choice
+# the sweep above, then every seed at its choice
+results = fb.run(config, profile=PROFILE)
 print("results saved to", save_results(results, results_path(fb.NAME, PROFILE)))
 # the trained models of the first seed, from the checkpoints the run wrote
 final = dataclasses.replace(config, train=chosen_train)
@@ -309,22 +363,43 @@ models = results["models"]
 # %% [markdown]
 # ## Learning curves
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 for k in range(len(config.seeds)):
     h = models["pretrain"]["per_seed"][k]["history"]
-    axes[0].semilogy(h["step"], h["loss"], lw=1, color="k", alpha=0.6,
-                     label="pretraining" if k == 0 else None)  # fmt: skip
+    axes[0].semilogy(
+        h["step"],
+        h["loss"],
+        lw=1,
+        color="k",
+        alpha=0.6,
+        label="pretraining" if k == 0 else None,
+    )
     for regime, colour in zip(fb.REGIMES, ("C0", "C1", "C2"), strict=True):
         hr = models[regime]["per_seed"][k]["history"]
-        axes[0].semilogy([s + h["step"][-1] for s in hr["step"]], hr["loss"], lw=1, color=colour,
-                         alpha=0.6, label=f"finetune: {regime}" if k == 0 else None)  # fmt: skip
-        axes[1].plot(hr["epoch"], hr["val_r2"], marker="o", color=colour, alpha=0.6,
-                     label=f"finetune: {regime}" if k == 0 else None)  # fmt: skip
+        axes[0].semilogy(
+            [s + h["step"][-1] for s in hr["step"]],
+            hr["loss"],
+            lw=1,
+            color=colour,
+            alpha=0.6,
+            label=f"finetune: {regime}" if k == 0 else None,
+        )
+        axes[1].plot(
+            hr["epoch"],
+            hr["val_r2"],
+            marker="o",
+            color=colour,
+            alpha=0.6,
+            label=f"finetune: {regime}" if k == 0 else None,
+        )
 axes[0].set(xlabel="step", ylabel="MSE (standardised targets)", title="training loss")
 axes[0].legend(fontsize=8)
-axes[1].set(xlabel="finetuning epoch", ylabel="held-out $R^2$ (selection cut)",
-            title="adaptation to 10 new functions")  # fmt: skip
+axes[1].set(
+    xlabel="finetuning epoch",
+    ylabel="held-out $R^2$ (selection cut)",
+    title="adaptation to 10 new functions",
+)
 axes[1].legend(fontsize=8)
 fig.tight_layout()
 
@@ -338,10 +413,18 @@ fig.tight_layout()
 
 # %%
 rows = []
-for (name, ours, paper), key in zip(fb.summary(results), ("pretrain", *fb.REGIMES), strict=True):
+for (name, ours, paper), key in zip(
+    fb.summary(results), ("pretrain", *fb.REGIMES), strict=True
+):
     n = models[key]["per_seed"][0]["trainable_parameters"]
-    rows.append({"parameter set": name, "trainable": f"{n:,}", "this run (R²)": ours,
-                 "NI Table 1 (R²)": paper})  # fmt: skip
+    rows.append(
+        {
+            "parameter set": name,
+            "trainable": f"{n:,}",
+            "this run (R²)": ours,
+            "NI Table 1 (R²)": paper,
+        }
+    )
 display(pd.DataFrame(rows).style.hide(axis="index"))
 print(
     f"ours: mean over functions, then mean ± sd over {len(config.seeds)} seeds; "
@@ -350,8 +433,13 @@ print(
 
 # %%
 # every seed's mean R^2: the numbers the claims below are computed from
-per_seed = pd.DataFrame({key: [r["mean_r2"] for r in models[key]["per_seed"]]
-                         for key in ("pretrain", *fb.REGIMES)}, index=list(config.seeds))  # fmt: skip
+per_seed = pd.DataFrame(
+    {
+        key: [r["mean_r2"] for r in models[key]["per_seed"]]
+        for key in ("pretrain", *fb.REGIMES)
+    },
+    index=list(config.seeds),
+)
 per_seed.index.name = "seed"
 per_seed.round(4)
 
@@ -386,7 +474,8 @@ model = trained["pretrain"][0].eval()
 samples = torch.rand(3, 5, generator=torch.Generator().manual_seed(2))
 with torch.no_grad():
     routing = model(samples, return_routing=True)
-paths = torch.cat(routing.compatibilities, dim=1)  # (samples, scripts x iterations, U, tokens)
+# (samples, scripts x iterations, U, tokens)
+paths = torch.cat(routing.compatibilities, dim=1)
 labels = [
     f"s{s + 1} i{i + 1}"
     for s in range(model.config.num_scripts)
@@ -411,10 +500,18 @@ fig.tight_layout()
 C0 = paths[0]  # (steps, U, tokens); tokens 0..19 are CLS, 20..24 the variables
 share_cls = C0[:, :, : model.config.num_cls].mean(-1)
 share_var = C0[:, :, model.config.num_cls :].mean(-1)
-print("mean share per function (rows: iterations)\nCLS tokens:\n", share_cls.numpy().round(2))
+print(
+    "mean share per function (rows: iterations)\nCLS tokens:\n",
+    share_cls.numpy().round(2),
+)
 print("variable tokens:\n", share_var.numpy().round(2))
 used = (C0.mean(-1) > 0.05).sum(-1)
-print("functions carrying >= 5% of the set, per iteration:", used.tolist(), "of", C0.shape[1])
+print(
+    "functions carrying >= 5% of the set, per iteration:",
+    used.tolist(),
+    "of",
+    C0.shape[1],
+)
 
 # %% [markdown]
 # ## Routing diagnostics
@@ -431,20 +528,31 @@ print("functions carrying >= 5% of the set, per iteration:", used.tolist(), "of"
 # %%
 diag = results["diagnostics"]["routing_after_pretraining"]
 U = config.train.model_config().num_functions
-display(pd.DataFrame([
-    {"seed": seed, "iteration": i + 1, "functions per token": f"{d['functions_per_token'][i]:.2f} of {U}",
-     "unmatched tokens": f"{d['unmatched'][i]:.1%}",
-     "functions used": f"{d['functions_used'][i]} of {U}",
-     "routing entropy": f"{d['routing_entropy'][i]:.2f}",
-     "largest function share": f"{max(d['share'][i]):.2f}"}
-    for seed, d in zip(config.seeds, diag, strict=True) for i in range(len(d["entropy"]))
-]).style.hide(axis="index"))  # fmt: skip
+display(
+    pd.DataFrame(
+        [
+            {
+                "seed": seed,
+                "iteration": i + 1,
+                "functions per token": f"{d['functions_per_token'][i]:.2f} of {U}",
+                "unmatched tokens": f"{d['unmatched'][i]:.1%}",
+                "functions used": f"{d['functions_used'][i]} of {U}",
+                "routing entropy": f"{d['routing_entropy'][i]:.2f}",
+                "largest function share": f"{max(d['share'][i]):.2f}",
+            }
+            for seed, d in zip(config.seeds, diag, strict=True)
+            for i in range(len(d["entropy"]))
+        ]
+    ).style.hide(axis="index")
+)
 print(diagnostics.regime_line(diag))
 
-# %%
+# %% tags=["hide-input"]
 from modnets.viz import draw_function_shares
 
-draw_function_shares(diag, title="each function's share of the variable tokens' routing weight")
+draw_function_shares(
+    diag, title="each function's share of the variable tokens' routing weight"
+)
 plt.gcf().tight_layout()
 
 # %% [markdown]
@@ -492,11 +600,21 @@ print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"
 # moves the second only through what the new CLS tokens write into the variables:
 
 # %%
-display(pd.DataFrame([
-    {"seed": s["seed"], **{f"{regime}: iteration {i + 1}": f"{v:.3f}" for regime in fb.REGIMES
-                           for i, v in enumerate(s[regime])}}
-    for s in results["diagnostics"]["routing_shift"]
-]).style.hide(axis="index"))  # fmt: skip
+display(
+    pd.DataFrame(
+        [
+            {
+                "seed": s["seed"],
+                **{
+                    f"{regime}: iteration {i + 1}": f"{v:.3f}"
+                    for regime in fb.REGIMES
+                    for i, v in enumerate(s[regime])
+                },
+            }
+            for s in results["diagnostics"]["routing_shift"]
+        ]
+    ).style.hide(axis="index")
+)
 
 # %% [markdown]
 # ## What we learned

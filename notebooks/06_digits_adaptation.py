@@ -12,7 +12,7 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
@@ -23,7 +23,9 @@ if "google.colab" in sys.modules:
         "torch>=2.3",
         "kornia>=0.7",
     ]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 6. Multi-task digits and few-shot adaptation
@@ -61,7 +63,9 @@ from modnets.experiments.results import results_path, save_results
 
 PROFILE = modnets.get_profile()
 config = modnets.profiles.select(digits.CONFIGS)
-print("profile:", PROFILE, "| data root:", modnets.data_root(), "| seeds:", config.seeds)
+print(
+    "profile:", PROFILE, "| data root:", modnets.data_root(), "| seeds:", config.seeds
+)
 
 # %% [markdown]
 # ## The data
@@ -78,10 +82,12 @@ data = digits.load_pretraining_data(config.train)
 kmnist = digits.load_kmnist_data(config)
 for d, name in enumerate(data.names):
     print(
-        f"{digits.DATASET_NAMES[name]:>8}: {int((data.d_train == d).sum()):6d} train, {int((data.d_val == d).sum()):5d} validation"
+        f"{digits.DATASET_NAMES[name]:>8}: {int((data.d_train == d).sum()):6d} train, "
+        f"{int((data.d_val == d).sum()):5d} validation"
     )
 print(
-    f" K-MNIST: {len(kmnist['x_pool']):6d} adaptation pool, {len(kmnist['x_eval']):5d} evaluation"
+    f" K-MNIST: {len(kmnist['x_pool']):6d} adaptation pool, {len(kmnist['x_eval']):5d} "
+    "evaluation"
 )
 
 # %% [markdown]
@@ -94,16 +100,19 @@ import torch.nn.functional as F
 from modnets.data.digits import load_mnist
 
 mnist_images, _ = load_mnist("test")
-one = torch.from_numpy(mnist_images[:1]).float()[:, None]  # (1, 1, 28, 28)
+one = torch.from_numpy(mnist_images[:1].copy()).float()[:, None]  # (1, 1, 28, 28)
 by_hand = (
-    F.interpolate(one, size=(32, 32), mode="bilinear", align_corners=False).round().clamp(0, 255)
+    F.interpolate(one, size=(32, 32), mode="bilinear", align_corners=False)
+    .round()
+    .clamp(0, 255)
 )
 by_hand = by_hand.to(torch.uint8).expand(-1, 3, -1, -1)  # grey -> three channels
 assert torch.equal(digits.to_rgb32(mnist_images[:1]), by_hand)
 
-# %%
+# %% tags=["hide-input"]
 rows = [
-    (digits.DATASET_NAMES[n], data.x_train[data.d_train == d][:8]) for d, n in enumerate(data.names)
+    (digits.DATASET_NAMES[n], data.x_train[data.d_train == d][:8])
+    for d, n in enumerate(data.names)
 ]
 rows.append(("K-MNIST", kmnist["x_pool"][:8]))
 fig, axes = plt.subplots(len(rows), 8, figsize=(8, 1.1 * len(rows)))
@@ -152,13 +161,18 @@ bias = rel(code, num_tokens=1 + G * G)[0, 0]  # function 0, head 0; one CLS toke
 by_hand = torch.zeros(1 + G * G, 1 + G * G)
 for i in range(G * G):
     for j in range(G * G):
-        dr, dc = j // G - i // G, j % G - i % G  # the offset of key patch j from query patch i
+        # the offset of key patch j from query patch i
+        dr, dc = j // G - i // G, j % G - i % G
         by_hand[1 + i, 1 + j] = (
-            rel.rows[0, dr + G - 1] + rel.cols[0, dc + G - 1] + (rel.function(code))[0, 0]
+            rel.rows[0, dr + G - 1]
+            + rel.cols[0, dc + G - 1]
+            + (rel.function(code))[0, 0]
         )
 torch.testing.assert_close(bias, by_hand)
-print("patches in the same row and one column apart share a bias:",
-      torch.isclose(bias[1, 2], bias[5, 6]).item())  # fmt: skip
+print(
+    "patches in the same row and one column apart share a bias:",
+    torch.isclose(bias[1, 2], bias[5, 6]).item(),
+)
 
 # %%
 t = config.train
@@ -166,18 +180,28 @@ ni_cfg, vit_cfg, small_cfg = t.ni_config(), t.vit_config(), t.vit_config(small=T
 n_ni = sum(p.numel() for p in digits.build_ni(t).parameters())
 print(
     f"NI : {n_ni:>9,} parameters, {ni_cfg.num_functions} functions, "
-    f"{ni_cfg.num_iterations} iterations, {(ni_cfg.image_size // ni_cfg.patch_size) ** 2} patch tokens"
+    f"{ni_cfg.num_iterations} iterations, "
+    f"{(ni_cfg.image_size // ni_cfg.patch_size) ** 2} patch tokens"
 )
-for name, model, depth, cfg in (("ViT", digits.build_vit(t), t.vit_depth, vit_cfg),
-                                ("ViT (parameter-matched)", digits.build_vit(t, small=True),
-                                 t.vit_small_depth, small_cfg)):  # fmt: skip
+for name, model, depth, cfg in (
+    ("ViT", digits.build_vit(t), t.vit_depth, vit_cfg),
+    (
+        "ViT (parameter-matched)",
+        digits.build_vit(t, small=True),
+        t.vit_small_depth,
+        small_cfg,
+    ),
+):
     n = sum(p.numel() for p in model.parameters())
-    print(f"{name}: {n:>9,} parameters ({n / n_ni:.2f}x the NI), {depth} blocks, dim {cfg.dim}")
+    print(
+        f"{name}: {n:>9,} parameters ({n / n_ni:.2f}x the NI), {depth} blocks, dim "
+        f"{cfg.dim}"
+    )
 for kind in digits.KINDS:
     tc = t.train_config(kind)
     print(
-        f"{digits.MODEL_NAMES[kind]}: {tc.epochs} epochs, batch {tc.batch_size}, lr {tc.lr:g}, "
-        f"gradient norm clipped at {tc.clip_grad_norm}"
+        f"{digits.MODEL_NAMES[kind]}: {tc.epochs} epochs, batch {tc.batch_size}, lr "
+        f"{tc.lr:g}, gradient norm clipped at {tc.clip_grad_norm}"
     )
 
 # %% [markdown]
@@ -196,24 +220,32 @@ results = digits.run(config, profile=PROFILE)
 print("results saved to", save_results(results, results_path(digits.NAME, PROFILE)))
 print(digits.format_summary(results))
 models = results["models"]
-# the pretrained NI of the first seed, live, from the checkpoint the run wrote (for Fig. 4)
-ni, _ = digits.trained_model("ni", config, config.seeds[0], data=data, show_progress=False)
+# the pretrained NI of the first seed, live, from the checkpoint the run wrote
+# (for Fig. 4)
+ni, _ = digits.trained_model(
+    "ni", config, config.seeds[0], data=data, show_progress=False
+)
 
 # %% [markdown]
 # ## Pretraining
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, len(digits.KINDS), figsize=(14, 3.3), sharey=True)
 for ax, kind in zip(axes, digits.KINDS, strict=True):
     runs = models[kind]["per_seed"]
     epochs = runs[0]["history"]["epoch"]
     for name in data.names:
-        curves = np.array([r["history"][f"val_{name}"] for r in runs])  # (seeds, epochs)
-        mean, sd = curves.mean(0), curves.std(0, ddof=1) if len(runs) > 1 else 0 * curves[0]
+        # (seeds, epochs)
+        curves = np.array([r["history"][f"val_{name}"] for r in runs])
+        mean, sd = (
+            curves.mean(0),
+            curves.std(0, ddof=1) if len(runs) > 1 else 0 * curves[0],
+        )
         ax.plot(epochs, mean, marker="o", label=digits.DATASET_NAMES[name])
         ax.fill_between(epochs, mean - sd, mean + sd, alpha=0.2)
     ax.set(
-        title=f"{digits.MODEL_NAMES[kind]} ({runs[0]['parameters']:,} parameters)", xlabel="epoch"
+        title=f"{digits.MODEL_NAMES[kind]} ({runs[0]['parameters']:,} parameters)",
+        xlabel="epoch",
     )
     ax.legend(fontsize=8)
 axes[0].set_ylabel("validation accuracy")
@@ -236,14 +268,26 @@ per_seed.round(3)
 # whose validation accuracy is closest to the other's; which snapshot that is, per seed:
 
 # %%
-display(pd.DataFrame([
-    {"seed": r["seed"], "ahead": digits.MODEL_NAMES[kind],
-     "snapshot": f"epoch {r['matched']['epoch']} of {r['matched']['of_epochs']}",
-     "its validation accuracy": f"{r['matched']['val_mean']:.3f}",
-     f"final accuracy of the other ({digits.MODEL_NAMES[r['matched']['target_model']]})":
-         f"{r['matched']['target']:.3f}"}
-    for kind in ("ni", "vit") for r in models[kind]["per_seed"] if "matched" in r
-]).sort_values("seed").style.hide(axis="index"))  # fmt: skip
+display(
+    pd.DataFrame(
+        [
+            {
+                "seed": r["seed"],
+                "ahead": digits.MODEL_NAMES[kind],
+                "snapshot": f"epoch {m['epoch']} of {m['of_epochs']}",
+                "its validation accuracy": f"{m['val_mean']:.3f}",
+                "final accuracy of the other": f"{m['target']:.3f}",
+                "the other": digits.MODEL_NAMES[m["target_model"]],
+            }
+            for kind in ("ni", "vit")
+            for r in models[kind]["per_seed"]
+            if "matched" in r
+            for m in [r["matched"]]
+        ]
+    )
+    .sort_values("seed")
+    .style.hide(axis="index")
+)
 
 # %% [markdown]
 # ## Fig. 5a and Fig. 6: adapting to K-MNIST
@@ -257,15 +301,21 @@ display(pd.DataFrame([
 # sample count:
 
 # %%
-labels = {"adaptation": "", "adaptation_resampled": " (re-sampled)",
-          "adaptation_matched": " (validation-matched snapshot)"}  # fmt: skip
+labels = {
+    "adaptation": "",
+    "adaptation_resampled": " (re-sampled)",
+    "adaptation_matched": " (validation-matched snapshot)",
+}
 rows = []
 for kind in digits.KINDS:
     for r in models[kind]["per_seed"]:
         for key, lr in r["finetune_lr"].items():
             row = {"model": digits.MODEL_NAMES[kind] + labels[key], "seed": r["seed"]}
             row.update(
-                {f"lr {float(c):g}": f"{acc:.3f}" for c, acc in r["lr_selection"][key].items()}
+                {
+                    f"lr {float(c):g}": f"{acc:.3f}"
+                    for c, acc in r["lr_selection"][key].items()
+                }
             )
             rows.append({**row, "chosen": f"{lr:g}"})
 display(pd.DataFrame(rows).style.hide(axis="index"))
@@ -285,14 +335,20 @@ def plot_summary(ax, summary, **kwargs):
 
 
 panels = {
-    "Fig. 5a: NI vs ViT": {"NI": models["ni"]["adaptation"], "ViT (~3x)": models["vit"]["adaptation"],
-                           "ViT (parameter-matched)": models["vit_small"]["adaptation"]},
-    "Fig. 5a at matched validation accuracy": {"NI": models["ni"]["adaptation_valmatched"],
-                                               "ViT (~3x)": models["vit"]["adaptation_valmatched"]},
+    "Fig. 5a: NI vs ViT": {
+        "NI": models["ni"]["adaptation"],
+        "ViT (~3x)": models["vit"]["adaptation"],
+        "ViT (parameter-matched)": models["vit_small"]["adaptation"],
+    },
+    "Fig. 5a at matched validation accuracy": {
+        "NI": models["ni"]["adaptation_valmatched"],
+        "ViT (~3x)": models["vit"]["adaptation_valmatched"],
+    },
     "Fig. 6: pretrained vs re-sampled functions": {
         "NI": models["ni"]["adaptation"],
-        "NI (re-sampled functions)": models["ni"]["adaptation_resampled"]},
-}  # fmt: skip
+        "NI (re-sampled functions)": models["ni"]["adaptation_resampled"],
+    },
+}
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.4), sharey=True)
 for ax, (title, series) in zip(axes, panels.items(), strict=True):
     for name, summary in series.items():
@@ -313,7 +369,7 @@ fig.tight_layout()
 # %% [markdown]
 # ## Fig. 5b: more functions after training
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5, 3.2))
 plot_summary(ax, models["ni"]["capacity"])
 ax.set(
@@ -348,16 +404,34 @@ its = sorted(ni_runs[0]["anytime"], key=int)
 for name in data.names:
     # Fig. 5c: each seed's mean over the drop trials, then mean ± sd over seeds
     stats = [over_seeds([np.mean(r["drop"][k][name]) for r in ni_runs]) for k in drops]
-    axes[0].errorbar([int(k) for k in drops], [m for m, _ in stats], yerr=[s for _, s in stats],
-                     marker="o", capsize=3, label=digits.DATASET_NAMES[name])  # fmt: skip
+    axes[0].errorbar(
+        [int(k) for k in drops],
+        [m for m, _ in stats],
+        yerr=[s for _, s in stats],
+        marker="o",
+        capsize=3,
+        label=digits.DATASET_NAMES[name],
+    )
     # Fig. 8: accuracy with n function iterations at test time, mean ± sd over seeds
     stats = [over_seeds([r["anytime"][n][name] for r in ni_runs]) for n in its]
-    axes[1].errorbar([int(n) for n in its], [m for m, _ in stats], yerr=[s for _, s in stats],
-                     marker="o", capsize=3, label=digits.DATASET_NAMES[name])  # fmt: skip
-axes[0].set(xlabel="functions dropped at random", ylabel="validation accuracy",
-            xticks=[int(k) for k in drops], title="Fig. 5c: dropping functions")  # fmt: skip
+    axes[1].errorbar(
+        [int(n) for n in its],
+        [m for m, _ in stats],
+        yerr=[s for _, s in stats],
+        marker="o",
+        capsize=3,
+        label=digits.DATASET_NAMES[name],
+    )
+axes[0].set(
+    xlabel="functions dropped at random",
+    ylabel="validation accuracy",
+    xticks=[int(k) for k in drops],
+    title="Fig. 5c: dropping functions",
+)
 axes[1].axvline(ni_cfg.num_iterations, color="gray", ls="--", lw=1)
-axes[1].set(xlabel="function iterations at test time", title="Fig. 8: anytime inference")
+axes[1].set(
+    xlabel="function iterations at test time", title="Fig. 8: anytime inference"
+)
 for ax in axes:
     ax.legend(fontsize=8)
 fig.tight_layout()
@@ -383,9 +457,14 @@ fig, axes = plt.subplots(1, len(types), figsize=(3 * len(types), 3))
 axes = np.atleast_1d(axes)
 for k, ax in enumerate(axes):
     emb = TSNE(
-        n_components=2, perplexity=min(30, len(types[k]) - 1), random_state=0, init="pca"
+        n_components=2,
+        perplexity=min(30, len(types[k]) - 1),
+        random_state=0,
+        init="pca",
     ).fit_transform(types[k].numpy())
-    ax.scatter(emb[:, 0], emb[:, 1], c=closest[k].numpy(), cmap="tab10", vmin=0, vmax=9, s=6)
+    ax.scatter(
+        emb[:, 0], emb[:, 1], c=closest[k].numpy(), cmap="tab10", vmin=0, vmax=9, s=6
+    )
     ax.set(title=f"iteration {k + 1}", xticks=[], yticks=[])
 fig.tight_layout()
 
@@ -407,21 +486,31 @@ fig.tight_layout()
 # %%
 diag = results["diagnostics"]["routing_after_pretraining"]
 U = ni_cfg.num_functions
-display(pd.DataFrame([
-    {"seed": d["seed"], "iteration": i + 1,
-     "functions per token": f"{d['functions_per_token'][i]:.2f} of {U}",
-     "unmatched tokens": f"{d['unmatched'][i]:.1%}",
-     "functions used": f"{d['functions_used'][i]} of {U}",
-     "routing entropy": f"{d['routing_entropy'][i]:.2f}",
-     "largest function share": f"{max(d['share'][i]):.2f}"}
-    for d in diag for i in range(len(d["entropy"]))
-]).style.hide(axis="index"))  # fmt: skip
+display(
+    pd.DataFrame(
+        [
+            {
+                "seed": d["seed"],
+                "iteration": i + 1,
+                "functions per token": f"{d['functions_per_token'][i]:.2f} of {U}",
+                "unmatched tokens": f"{d['unmatched'][i]:.1%}",
+                "functions used": f"{d['functions_used'][i]} of {U}",
+                "routing entropy": f"{d['routing_entropy'][i]:.2f}",
+                "largest function share": f"{max(d['share'][i]):.2f}",
+            }
+            for d in diag
+            for i in range(len(d["entropy"]))
+        ]
+    ).style.hide(axis="index")
+)
 print(diagnostics.regime_line(diag))
 
-# %%
+# %% tags=["hide-input"]
 from modnets.viz import draw_function_shares
 
-draw_function_shares(diag, title="each function's share of the patch tokens' routing weight")
+draw_function_shares(
+    diag, title="each function's share of the patch tokens' routing weight"
+)
 plt.gcf().tight_layout()
 
 # %% [markdown]

@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 7. Stochastic kernel modulated dot-product attention
@@ -55,7 +57,7 @@ import modnets
 from modnets.graphs import GraphPriorRegularizer, graphon
 from modnets.nn.skmdpa import concrete_sample, link_probabilities
 from modnets.profiles import select
-from modnets.utils import seed_everything
+from modnets.utils import seed_everything, wrap
 
 seed_everything(0)
 # Every tensor in this chapter is small: one thread is faster than several, which would
@@ -93,11 +95,13 @@ P
 # Only the *direction* of a signature matters. The bandwidth $\epsilon$ converts distances into
 # probabilities. Below are 32 random signatures in 16 dimensions, at four bandwidths.
 
-# %%
+# %% tags=["hide-input"]
 sig32 = torch.randn(32, 16)
 fig, axes = plt.subplots(1, 4, figsize=(13, 3.2), layout="constrained")
 for ax, eps in zip(axes, (0.1, 0.3, 1.0, 3.0), strict=True):
-    im = ax.imshow(link_probabilities(sig32, sig32, eps), cmap="viridis", vmin=0, vmax=1)
+    im = ax.imshow(
+        link_probabilities(sig32, sig32, eps), cmap="viridis", vmin=0, vmax=1
+    )
     ax.set(title=rf"$\epsilon = {eps}$", xlabel="key module $j$")
 axes[0].set_ylabel("query module $i$")
 fig.colorbar(im, ax=axes.tolist(), shrink=0.85, label="$P_{ij}$");
@@ -115,7 +119,7 @@ fig.colorbar(im, ax=axes.tolist(), shrink=0.85, label="$P_{ij}$");
 # second jumps where $d = \epsilon \ln 2$ reaches the typical distance 1, that is, at
 # $\epsilon = 1/\ln 2 \approx 1.44$.
 
-# %%
+# %% tags=["hide-input"]
 bandwidths = torch.logspace(-1.3, 1, 40)
 off = ~torch.eye(256, dtype=torch.bool)
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.2), layout="constrained")
@@ -126,7 +130,9 @@ for d in (4, 16, 64):
     P_all = torch.exp(-dist / bandwidths[:, None])  # (bandwidths, pairs)
     ax0.semilogx(bandwidths, P_all.mean(1), label=f"$d_{{sig}} = {d}$")
     ax1.semilogx(bandwidths, (P_all > 0.5).float().mean(1), label=f"$d_{{sig}} = {d}$")
-ax0.semilogx(bandwidths, torch.exp(-1 / bandwidths), "k--", lw=1, label=r"$e^{-1/\epsilon}$")
+ax0.semilogx(
+    bandwidths, torch.exp(-1 / bandwidths), "k--", lw=1, label=r"$e^{-1/\epsilon}$"
+)
 ax1.axvline(1 / math.log(2), color="gray", ls="--", lw=1)
 ax0.set(xlabel=r"bandwidth $\epsilon$", ylabel=r"mean $P_{ij}$, $i \neq j$")
 ax1.set(xlabel=r"bandwidth $\epsilon$", ylabel="fraction with $P_{ij} > 0.5$")
@@ -199,7 +205,10 @@ print("signatures                    mean cos   mean P   min P")
 for name, s in signatures.items():
     unit = F.normalize(s, dim=-1)
     cos, P = unit @ unit.T, link_probabilities(s, s, 1.0)
-    print(f"{name:28s}  {cos[off].mean():+.4f}    {P[off].mean():.4f}   {P[off].min():.4f}")
+    print(
+        f"{name:28s}  {cos[off].mean():+.4f}    {P[off].mean():.4f}   "
+        f"{P[off].min():.4f}"
+    )
     assert P[off].mean() >= floor(1.0) - 1e-5
 
 # %% [markdown]
@@ -274,12 +283,13 @@ for st in (False, True):
     (g_cut,) = torch.autograd.grad((lib * cut).sum(), sig)
     assert (g_cut.norm() > 0) == st
     print(
-        f"straight_through={st!s:5}: gradient norm through the truncated pairs {g_cut.norm():.3f}"
+        f"straight_through={st!s:5}: gradient norm through the truncated pairs "
+        f"{g_cut.norm():.3f}"
     )
 P_full = link_probabilities(sig, sig, 1.0).detach()
 print(
-    f"{cut[off].mean():.0%} of the pairs truncated; mean P {lib.detach()[off].mean():.3f} "
-    f"(untruncated {P_full[off].mean():.3f})"
+    f"{cut[off].mean():.0%} of the pairs truncated; mean P "
+    f"{lib.detach()[off].mean():.3f} (untruncated {P_full[off].mean():.3f})"
 )
 
 
@@ -309,7 +319,8 @@ print(
 
 # %%
 def concrete_from_scratch(p, tau, eps=1e-6):
-    p = p.clamp(eps, 1 - eps)  # the library keeps p and u away from 0 and 1, and so do we
+    # the library keeps p and u away from 0 and 1, and so do we
+    p = p.clamp(eps, 1 - eps)
     u = torch.rand_like(p).clamp(eps, 1 - eps)
     logistic_noise = torch.log(u) - torch.log(1 - u)
     return torch.sigmoid((torch.log(p) - torch.log(1 - p) + logistic_noise) / tau)
@@ -321,7 +332,8 @@ ours = concrete_from_scratch(p, 0.5)
 torch.manual_seed(7)
 theirs = concrete_sample(p, 0.5)
 assert torch.allclose(ours, theirs, atol=1e-6)
-print("concrete_sample agrees with the formula; first samples:", theirs[:5])
+print("concrete_sample agrees with the formula; first samples:")
+print(theirs[:5])
 
 # %% [markdown]
 # Why is this a *relaxed Bernoulli*? $K > 1/2$ exactly when $\operatorname{logit} p + L > 0$.
@@ -330,7 +342,7 @@ print("concrete_sample agrees with the formula; first samples:", theirs[:5])
 # every temperature.** The temperature only controls how close to 0 and 1 the soft sample lies. We
 # take many samples for $p = 0.3$:
 
-# %%
+# %% tags=["hide-input"]
 n = select({"smoke": 5_000, "cpu": 200_000, "gpu": 1_000_000})
 p = torch.full((n,), 0.3)
 taus = (0.1, 0.5, 1.0, 2.0)
@@ -430,7 +442,9 @@ W_eq3.sum(-1)
 # the NAC layers of chapter 9.
 
 # %%
-def skmdpa_from_scratch(q, k, v, sig_q, sig_k, heads, eps, tau, delta=1e-6, train=False):
+def skmdpa_from_scratch(
+    q, k, v, sig_q, sig_k, heads, eps, tau, delta=1e-6, train=False
+):
     P = link_probabilities(sig_q, sig_k, eps)
     # training: one sample per example, (B, Uq, Uk); evaluation: K = P
     K = concrete_from_scratch(P.expand(q.shape[0], *P.shape), tau) if train else P
@@ -465,7 +479,10 @@ lib = attn(q, k, v, sig, sig)
 torch.manual_seed(11)
 ref = skmdpa_from_scratch(q, k, v, sig, sig, H, eps=0.5, tau=0.5, train=True)
 assert torch.allclose(lib, ref, atol=1e-6)
-print("SKMDPA matches the hand-written version in evaluation and in training:", tuple(lib.shape))
+print(
+    "SKMDPA matches the hand-written version in evaluation and in training:",
+    tuple(lib.shape),
+)
 
 # %% [markdown]
 # ## A closed link blocks the message
@@ -486,7 +503,8 @@ attn = modnets.SKMDPA(num_heads=2, bandwidth=0.1).eval()
 q, k, v = torch.randn(3, 1, U, d).unbind(0)
 
 base = attn(q, k, v, sig, sig)
-influence = torch.zeros(U, U)  # influence[i, j]: largest change of y_i when v_j moves by 10
+# influence[i, j]: largest change of y_i when v_j moves by 10
+influence = torch.zeros(U, U)
 for j in range(U):
     v_moved = v.clone()
     v_moved[:, j] += 10.0
@@ -495,9 +513,12 @@ for j in range(U):
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
 norm = LogNorm(vmin=1e-12, vmax=10)
-for ax, M, title in zip(axes, (link_probabilities(sig, sig, 0.1), influence),
-                        ("link probability $P_{ij}$", r"change of $y_i$ when $v_j$ moves by 10"),
-                        strict=True):  # fmt: skip
+for ax, M, title in zip(
+    axes,
+    (link_probabilities(sig, sig, 0.1), influence),
+    ("link probability $P_{ij}$", r"change of $y_i$ when $v_j$ moves by 10"),
+    strict=True,
+):
     im = ax.imshow(M.clamp_min(1e-12), norm=norm, cmap="magma")
     ax.set(title=title, xlabel="module $j$ (sender)", ylabel="module $i$ (receiver)")
 fig.colorbar(im, ax=axes.tolist(), shrink=0.85)
@@ -540,7 +561,9 @@ edges = torch.ones(U, U, dtype=torch.bool)
 edges[0, 1] = False
 v_moved = v.clone()
 v_moved[:, 1] += 10.0
-change = attn(q, k, v_moved, sig, sig, edge_mask=edges) - attn(q, k, v, sig, sig, edge_mask=edges)
+change = attn(q, k, v_moved, sig, sig, edge_mask=edges) - attn(
+    q, k, v, sig, sig, edge_mask=edges
+)
 change = change.abs().amax(-1)[0]
 print("change of y_0 ... y_3:", change[:4])
 assert change[0] < 1e-5 and change[1:4].min() > 1e-3
@@ -564,25 +587,53 @@ attn = modnets.SKMDPA(num_heads=1, bandwidth=0.5, temperature=0.5)
 
 attn.eval()
 W_eval = attn(q, k, onehot, sig, sig)[0]
-assert torch.equal(W_eval, attn(q, k, onehot, sig, sig)[0])  # evaluation is deterministic
+# evaluation is deterministic
+assert torch.equal(W_eval, attn(q, k, onehot, sig, sig)[0])
 attn.eval_kernel = "threshold"
 W_thr = attn(q, k, onehot, sig, sig)[0]
 attn.eval_kernel = "probs"
 attn.train()
-draws = torch.stack([attn(q, k, onehot, sig, sig)[0] for _ in range(300)])  # (300, U, U)
+# (300, U, U)
+draws = torch.stack([attn(q, k, onehot, sig, sig)[0] for _ in range(300)])
 
 # %%
 i = 0
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 jitter = 0.12 * torch.randn(len(draws))
 for j in range(U):
-    ax.scatter(j + jitter, draws[:, i, j], s=4, alpha=0.25, color="tab:blue",
-               label="training draws" if j == 0 else None)  # fmt: skip
-ax.plot(range(U), draws[:, i].mean(0), "_", ms=22, mew=2, color="tab:blue", label="mean of draws")
+    ax.scatter(
+        j + jitter,
+        draws[:, i, j],
+        s=4,
+        alpha=0.25,
+        color="tab:blue",
+        label="training draws" if j == 0 else None,
+    )
+ax.plot(
+    range(U),
+    draws[:, i].mean(0),
+    "_",
+    ms=22,
+    mew=2,
+    color="tab:blue",
+    label="mean of draws",
+)
 ax.plot(range(U), W_eval[i], "x", ms=9, mew=2, color="tab:red", label="eval, $K = P$")
-ax.plot(range(U), W_thr[i], "o", ms=7, mfc="none", color="black", label="eval, $K = [P > 0.5]$")
-ax.set(xlabel="key module $j$", ylabel=rf"$W_{{{i} \leftarrow j}}$", ylim=(-0.03, 1.03),
-       title=f"attention weights of query module {i}")  # fmt: skip
+ax.plot(
+    range(U),
+    W_thr[i],
+    "o",
+    ms=7,
+    mfc="none",
+    color="black",
+    label="eval, $K = [P > 0.5]$",
+)
+ax.set(
+    xlabel="key module $j$",
+    ylabel=rf"$W_{{{i} \leftarrow j}}$",
+    ylim=(-0.03, 1.03),
+    title=f"attention weights of query module {i}",
+)
 ax.legend(fontsize=8, loc="upper right")
 fig.tight_layout()
 
@@ -599,7 +650,8 @@ fig.tight_layout()
 # %%
 twins = torch.cat([q, q]), torch.cat([k, k]), torch.cat([onehot, onehot])
 attn.train()
-K = attn.kernel(link_probabilities(sig, sig, 0.5), batch=2)  # (2, U, U): one draw per example
+# (2, U, U): one draw per example
+K = attn.kernel(link_probabilities(sig, sig, 0.5), batch=2)
 print(f"the two copies' kernels differ by up to {(K[0] - K[1]).abs().max():.2f}")
 W_twins = attn(*twins, sig, sig)
 assert not torch.allclose(W_twins[0], W_twins[1])
@@ -656,8 +708,14 @@ def fit_graph(truncation, straight_through, learn_eps, seed=0):
         P = link_probabilities(sig, sig, eps, truncation)
         loss = reg(P) / (U * (U - 1))
     zeros = (P[off] == 0).float().mean().item()
-    return dict(loss=loss.item(), mean_P=P[off].mean().item(), zeros=zeros, cv=degree_cv(P),
-                eps=eps.item(), curve=curve)  # fmt: skip
+    return dict(
+        loss=loss.item(),
+        mean_P=P[off].mean().item(),
+        zeros=zeros,
+        cv=degree_cv(P),
+        eps=eps.item(),
+        curve=curve,
+    )
 
 
 kernels = {  # truncation, straight_through, learn_eps
@@ -667,13 +725,18 @@ kernels = {  # truncation, straight_through, learn_eps
     "truncated + straight-through": (0.9, True, True),
 }
 fits = {name: fit_graph(*args) for name, args in kernels.items()}
-print(f"scale-free prior: density {prior[off].mean():.3f}, degree CV {degree_cv(prior):.2f}\n")
+print(
+    f"scale-free prior: density {prior[off].mean():.3f}, degree CV "
+    f"{degree_cv(prior):.2f}\n"
+)
 print("kernel                          loss     mean P   zeros   degree CV   eps")
 for name, f in fits.items():
-    print(f"{name:28s}  {f['loss']:.2e}   {f['mean_P']:.3f}   {f['zeros']:.2f}    "
-          f"{f['cv']:.2f}        {f['eps']:.2f}")  # fmt: skip
+    print(
+        f"{name:28s}  {f['loss']:.2e}   {f['mean_P']:.3f}   {f['zeros']:.2f}    "
+        f"{f['cv']:.2f}        {f['eps']:.2f}"
+    )
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 for name, f in fits.items():
     ax.plot(f["curve"], label=name)
@@ -703,11 +766,16 @@ from modnets.nac import NACConfig
 plain, st = fits["truncated"], fits["truncated + straight-through"]
 use_st = st["loss"] < plain["loss"]
 print(
-    f"final loss {plain['loss']:.2e} without straight-through, {st['loss']:.2e} with it: "
-    f"the experiments use straight_through={use_st}."
+    wrap(
+        f"final loss {plain['loss']:.2e} without straight-through, "
+        f"{st['loss']:.2e} with it: the experiments use straight_through={use_st}."
+    )
 )
 for name, experiment in CONFIGS.items():  # chapter 10's Tiny-ImageNet configurations
-    assert experiment.train.nac.get("straight_through", NACConfig.straight_through) == use_st, name
+    assert (
+        experiment.train.nac.get("straight_through", NACConfig.straight_through)
+        == use_st
+    ), name
 
 # %% [markdown]
 # ## What we learned

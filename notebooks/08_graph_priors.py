@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 8. Graph priors
@@ -88,7 +90,7 @@ print("profile:", PROFILE)
 # | `ring_of_cliques` | `num_cliques=8, p_in=1.0, p_ring=0.05` | cliques, each weakly linked to its two ring neighbours |
 # | `scale_free` | `beta=0.5` | NAC eq. 8: a few hubs, many weakly linked nodes |
 
-# %%
+# %% tags=["hide-input"]
 U = 64
 priors = {name: graphon(name, U) for name in GRAPHONS}
 fig, axes = plt.subplots(1, 4, figsize=(13, 3.3), layout="constrained")
@@ -129,15 +131,19 @@ fig.colorbar(im, ax=axes.tolist(), shrink=0.85, label=r"$P^{(0)}_{ij}$ (log scal
 # a power law, with degree exponent $1 + 1/\beta = 3$ at $\beta = 0.5$. The expected degrees of both
 # readings at the $U = 320$ of NAC Fig. 7:
 
-# %%
+# %% tags=["hide-input"]
 U_fig7, beta = 320, 0.5
 r = torch.linspace(0, 1, U_fig7)
-literal = (U_fig7**beta / 16 * torch.outer((r + 1) ** -beta, (r + 1) ** -beta)).clamp(0, 1)
+literal = (U_fig7**beta / 16 * torch.outer((r + 1) ** -beta, (r + 1) ** -beta)).clamp(
+    0, 1
+)
 by_index = graphon("scale_free", U_fig7)
 rank = torch.arange(1, U_fig7 + 1)
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.loglog(rank, literal.sum(1) - 1, label="$r_i$ on the grid (literal)")
-ax.loglog(rank, by_index.sum(1) - by_index.diagonal(), label="$r_i$ = node index (library)")
+ax.loglog(
+    rank, by_index.sum(1) - by_index.diagonal(), label="$r_i$ = node index (library)"
+)
 ax.set(xlabel="node $i + 1$", ylabel="expected degree")
 ax.legend(fontsize=8)
 fig.tight_layout()
@@ -151,8 +157,10 @@ fig.tight_layout()
 for n in (64, 320, 1024):
     P0 = graphon("scale_free", n)
     degree = P0.sum(1) - P0.diagonal()
-    print(f"U = {n:4d}: density {degree.mean() / (n - 1):.3f}, mean degree {degree.mean():5.1f}, "
-          f"hub degree {degree[0]:5.1f} (U/8 = {n / 8:.0f})")  # fmt: skip
+    print(
+        f"U = {n:4d}: density {degree.mean() / (n - 1):.3f}, mean degree "
+        f"{degree.mean():5.1f}, hub degree {degree[0]:5.1f} (U/8 = {n / 8:.0f})"
+    )
 
 
 # %% [markdown]
@@ -178,7 +186,9 @@ for ax, (name, P0) in zip(axes, priors.items(), strict=True):
     degree = [deg for _, deg in G.degree()]
     pos = nx.spring_layout(G, seed=0)
     nx.draw_networkx_edges(G, pos, ax=ax, alpha=0.3, width=0.6)
-    nodes = nx.draw_networkx_nodes(G, pos, ax=ax, node_size=25, node_color=degree, cmap="plasma")
+    nodes = nx.draw_networkx_nodes(
+        G, pos, ax=ax, node_size=25, node_color=degree, cmap="plasma"
+    )
     fig.colorbar(nodes, ax=ax, shrink=0.7, label="degree")
     ax.set_title(f"{name.replace('_', ' ')}: {G.number_of_edges()} edges", fontsize=10)
     ax.axis("off")
@@ -209,7 +219,11 @@ for label, P0 in (("scale-free", sf), ("Erdős–Rényi, same density", er)):
     ax.loglog(k, 1 - torch.arange(len(k)) / len(k), label=label)
 k_ref = torch.logspace(0.5, 2.3, 10)
 ax.loglog(k_ref, 3 * k_ref**-2.0, "k--", lw=1, label=r"$\propto k^{-1/\beta} = k^{-2}$")
-ax.set(xlabel="degree $k$", ylabel="fraction of nodes with degree $\\geq k$", ylim=(1e-4, 1.5))
+ax.set(
+    xlabel="degree $k$",
+    ylabel="fraction of nodes with degree $\\geq k$",
+    ylim=(1e-4, 1.5),
+)
 ax.legend(fontsize=8)
 fig.tight_layout()
 print(f"U = {U_big}, density {density:.4f}")
@@ -265,7 +279,8 @@ for seed in range(6):
     P = prior[perm][:, perm]  # the same graph, nodes renumbered
     eq9_only = eq6(P, prior, hungarian_permutation(P, prior, refine_steps=0))
     print(
-        f"shuffle {seed}: L_graph {eq9_only:7.3f} with NAC eq. 9 alone, {reg(P).item():.3f} matched"
+        f"shuffle {seed}: L_graph {eq9_only:7.3f} with NAC eq. 9 alone, "
+        f"{reg(P).item():.3f} matched"
     )
     assert reg(P).item() < 1e-8
 
@@ -318,9 +333,15 @@ perms = [torch.tensor(p) for p in itertools.permutations(range(5))]
 sigma0 = hungarian_permutation(P5, P0_5, refine_steps=0)
 sigma3 = hungarian_permutation(P5, P0_5, refine_steps=3)
 best6 = min(eq6(P5, P0_5, s) for s in perms)
-print(f"NAC eq. 9: brute-force minimum {min(map(eq9, perms)):.4f}, Hungarian {eq9(sigma0):.4f}")
-print(f"NAC eq. 6: brute-force minimum {best6:.4f}, Hungarian {eq6(P5, P0_5, sigma0):.4f}, "
-      f"refined {eq6(P5, P0_5, sigma3):.4f}, matched {eq6(P5, P0_5, match_permutation(P5, P0_5)):.4f}")  # fmt: skip
+print(
+    f"NAC eq. 9: brute-force minimum {min(map(eq9, perms)):.4f}, Hungarian "
+    f"{eq9(sigma0):.4f}"
+)
+print(
+    f"NAC eq. 6: brute-force minimum {best6:.4f}, Hungarian "
+    f"{eq6(P5, P0_5, sigma0):.4f}, refined {eq6(P5, P0_5, sigma3):.4f}, matched "
+    f"{eq6(P5, P0_5, match_permutation(P5, P0_5)):.4f}"
+)
 assert abs(eq9(sigma0) - min(map(eq9, perms))) < 1e-6
 
 # %% [markdown]
@@ -343,8 +364,10 @@ for seed in range(5):
     perm = torch.randperm(24, generator=torch.Generator().manual_seed(seed))
     shuffled = ring[perm][:, perm]
     refined = eq6(shuffled, ring, hungarian_permutation(shuffled, ring, refine_steps=3))
-    print(f"ring shuffle {seed}: L_graph {refined:.2f} with NAC eq. 9 refined, "
-          f"{reg_ring(shuffled).item():.2f} matched (true minimum 0)")  # fmt: skip
+    print(
+        f"ring shuffle {seed}: L_graph {refined:.2f} with NAC eq. 9 refined, "
+        f"{reg_ring(shuffled).item():.2f} matched (true minimum 0)"
+    )
 
 # P of 64 random signatures (the truncated kernel of chapter 7), renumbered five times
 s64 = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
@@ -355,8 +378,10 @@ for seed in range(5):
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(seed))
     Pp = P64[perm][:, perm]
     refined = eq6(Pp, blocks64, hungarian_permutation(Pp, blocks64, refine_steps=3))
-    print(f"renumbering {seed}: L_graph {refined:.2f} with NAC eq. 9 refined, "
-          f"{reg64(Pp).item():.4f} matched")  # fmt: skip
+    print(
+        f"renumbering {seed}: L_graph {refined:.2f} with NAC eq. 9 refined, "
+        f"{reg64(Pp).item():.4f} matched"
+    )
 
 
 # %% [markdown]
@@ -430,15 +455,22 @@ fits = {}
 for name in ("planted_partition", "ring_of_cliques"):
     prior = graphon(name, 32)
     fits[name] = (prior, *fit_signatures(prior, steps))
-    print(f"{name}: L_graph {fits[name][2][0]:.1f} -> {fits[name][2][-1]:.3f} in {steps} steps")
+    print(
+        f"{name}: L_graph {fits[name][2][0]:.1f} -> {fits[name][2][-1]:.3f} in {steps} "
+        "steps"
+    )
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 3, figsize=(11, 6.4), layout="constrained")
 for row, (name, (prior, sig, losses)) in zip(axes, fits.items(), strict=True):
     P = link_probabilities(sig, sig, 0.25)
     order = torch.argsort(match_permutation(P, prior))
     row[0].semilogy(losses)
-    row[0].set(xlabel="step", ylabel=r"$\mathcal{L}_\mathrm{graph}$", title=name.replace("_", " "))
+    row[0].set(
+        xlabel="step",
+        ylabel=r"$\mathcal{L}_\mathrm{graph}$",
+        title=name.replace("_", " "),
+    )
     for ax, M, title in (
         (row[1], prior, "prior $P^{(0)}$"),
         (row[2], P[order][:, order], r"learned $P$, sorted by $\sigma$"),
@@ -447,7 +479,10 @@ for row, (name, (prior, sig, losses)) in zip(axes, fits.items(), strict=True):
         ax.set_title(title)
         ax.axis("off")
 fig.colorbar(
-    im, ax=axes[:, 1:].ravel().tolist(), shrink=0.6, label="link probability (square-root scale)"
+    im,
+    ax=axes[:, 1:].ravel().tolist(),
+    shrink=0.6,
+    label="link probability (square-root scale)",
 );
 
 
@@ -479,15 +514,26 @@ for ax, (name, (prior, sig, _)) in zip(axes, fits.items(), strict=True):
     weak = to_networkx(P, threshold=0.035)
     weak.remove_edges_from(G.edges)
     pos = circuit_layout(P)
-    block_size = {"planted_partition": 8, "ring_of_cliques": 4}[name]  # 32 nodes, 4 or 8 groups
+    # 32 nodes, 4 or 8 groups
+    block_size = {"planted_partition": 8, "ring_of_cliques": 4}[name]
     group = match_permutation(P, prior) // block_size
     nx.draw_networkx_edges(
         weak, pos, ax=ax, alpha=0.5, width=0.6, style="dashed", edge_color="gray"
     )
     nx.draw_networkx_edges(G, pos, ax=ax, alpha=0.4)
-    nx.draw_networkx_nodes(G, pos, ax=ax, node_size=60, node_color=group.tolist(), cmap="tab10",
-                           vmin=0, vmax=9)  # fmt: skip
-    ax.set_title(f"{name.replace('_', ' ')}: {G.number_of_edges()} edges with $P > 0.5$")
+    nx.draw_networkx_nodes(
+        G,
+        pos,
+        ax=ax,
+        node_size=60,
+        node_color=group.tolist(),
+        cmap="tab10",
+        vmin=0,
+        vmax=9,
+    )
+    ax.set_title(
+        f"{name.replace('_', ' ')}: {G.number_of_edges()} edges with $P > 0.5$"
+    )
     ax.axis("off")
 
 
@@ -520,7 +566,9 @@ def train_on_task(weight, steps, U=32, eps=0.25):
     mean_P, task_losses = [], []
     for _ in range(steps):
         v, zeros = torch.randn(64, U, 8), torch.zeros(64, U, 8)
-        task = F.mse_loss(attn(zeros, zeros, v, sig, sig), v.mean(1, keepdim=True).expand_as(v))
+        task = F.mse_loss(
+            attn(zeros, zeros, v, sig, sig), v.mean(1, keepdim=True).expand_as(v)
+        )
         P = link_probabilities(sig, sig, eps)
         loss = task + weight * reg(P) if weight else task
         opt.zero_grad()
@@ -534,11 +582,14 @@ def train_on_task(weight, steps, U=32, eps=0.25):
 task_steps = select({"smoke": 40, "cpu": 400, "gpu": 400})
 runs = {w: train_on_task(w, task_steps) for w in (0.0, 0.01)}
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), layout="constrained")
 for w, (_, mean_P, _) in runs.items():
     axes[0].plot(
-        mean_P, label="task only" if w == 0 else rf"task + ${w}\,\mathcal{{L}}_\mathrm{{graph}}$"
+        mean_P,
+        label="task only"
+        if w == 0
+        else rf"task + ${w}\,\mathcal{{L}}_\mathrm{{graph}}$",
     )
 axes[0].set(xlabel="step", ylabel=r"mean $P_{ij}$, $i \neq j$", ylim=(0, 1.05))
 axes[0].legend(fontsize=8)
@@ -549,7 +600,10 @@ for ax, (w, (sig, _, _)) in zip(axes[1:], runs.items(), strict=True):
     ax.set_title("final $P$, task only" if w == 0 else "final $P$, with the prior")
     ax.axis("off")
 for w, (_, mean_P, task_losses) in runs.items():
-    print(f"weight {w}: final mean P {mean_P[-1]:.3f}, final task loss {task_losses[-1]:.4f}")
+    print(
+        f"weight {w}: final mean P {mean_P[-1]:.3f}, final task loss "
+        f"{task_losses[-1]:.4f}"
+    )
 
 # %% [markdown]
 # With the task alone the signatures collapse: the mean link probability climbs to 1 and the final

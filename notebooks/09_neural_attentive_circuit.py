@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 9. The Neural Attentive Circuit
@@ -70,9 +72,19 @@ print("profile:", get_profile())
 
 # %%
 cfg = NACConfig(
-    input_dim=10, num_outputs=4, dim=32, num_layers=2, num_processors=16, num_readouts=4,
-    num_heads=4, ffn_hidden=64, sig_dim=8, code_dim=16, activation="geglu", prior="scale_free",
-)  # fmt: skip
+    input_dim=10,
+    num_outputs=4,
+    dim=32,
+    num_layers=2,
+    num_processors=16,
+    num_readouts=4,
+    num_heads=4,
+    ffn_hidden=64,
+    sig_dim=8,
+    code_dim=16,
+    activation="geglu",
+    prior="scale_free",
+)
 model = NeuralAttentiveCircuit(cfg).eval()
 x = torch.randn(3, 12, 10)  # 3 samples, 12 tokens of 10 features
 print(model(x).shape, f"{count_parameters(model):,} parameters")
@@ -88,7 +100,9 @@ print(model(x).shape, f"{count_parameters(model):,} parameters")
 # %%
 design = model.design()
 g = model.generator
-print({k: tuple(v.shape) for k, v in vars(design).items() if v is not None})
+for k, v in vars(design).items():
+    if v is not None:
+        print(f"{k}: {tuple(v.shape)}")
 mlp = g.to_state.net
 theta0 = mlp[2](F.gelu(mlp[0](g.codes)))
 assert torch.allclose(theta0, design.states)
@@ -132,8 +146,10 @@ assert torch.allclose(theta1, r(x, design.states, design.codes), atol=1e-5)
 B, U, N, d = 64, 320, 64, 384
 naive = B * U * N * d  # per-module keys (and as many values)
 factorised = B * U * N  # attention weights (one read-in head)
-print(f"naive keys: {naive * 4 / 2**30:.2f} GiB   factorised weights: {factorised * 4 / 2**20:.1f} MiB"
-      f"   ratio {naive / factorised:.0f}x")  # fmt: skip
+print(
+    f"naive keys: {naive * 4 / 2**30:.2f} GiB   factorised weights: "
+    f"{factorised * 4 / 2**20:.1f} MiB   ratio {naive / factorised:.0f}x"
+)
 
 # %% [markdown]
 # ## Propagators: SKMDPA among modules, then a ModFFN
@@ -163,9 +179,13 @@ def propagator_by_hand(states, codes, sigs):
     q, k, v = a.query(h, codes), a.key(h, codes), a.value(h, codes)
     # eval: K = P, truncated, with the circuit's learned bandwidth (chapter 7)
     P = link_probabilities(sigs, sigs, model.bandwidth, cfg.truncation)
-    log_K_hat = torch.log(P / (cfg.delta + P.sum(-1, keepdim=True)))  # log 0 = -inf: no link
+    # log 0 = -inf: no link
+    log_K_hat = torch.log(P / (cfg.delta + P.sum(-1, keepdim=True)))
     H = cfg.num_heads
-    split = lambda t: t.view(t.shape[0], t.shape[1], H, -1).transpose(1, 2)  # noqa: E731
+
+    def split(t):  # (B, T, H d_head) -> (B, H, T, d_head)
+        return t.view(t.shape[0], t.shape[1], H, -1).transpose(1, 2)
+
     logits = split(q) @ split(k).transpose(-1, -2) / (cfg.dim // H) ** 0.5
     msg = (torch.softmax(logits + log_K_hat, -1) @ split(v)).transpose(1, 2).flatten(2)
     states = states + layer.scale_attn(a.out(msg, codes))  # LayerScale: gamma * branch
@@ -191,13 +211,22 @@ for lay in model.propagators:
     states = lay(states, design.codes, design.signatures)
 y = design.out_states.expand(3, -1, -1)
 kv = ro.norm_kv(states)
-y = y + ro.scale_attn(ro.attn(ro.norm_q(y), design.out_codes, design.out_signatures,
-                              kv, design.codes, design.signatures))  # fmt: skip
+y = y + ro.scale_attn(
+    ro.attn(
+        ro.norm_q(y),
+        design.out_codes,
+        design.out_signatures,
+        kv,
+        design.codes,
+        design.signatures,
+    )
+)
 y = ro.norm_out(y + ro.scale_ffn(ro.ffn(ro.norm_ffn(y), design.out_codes)))
 weights = torch.softmax(ro.confidence(y).squeeze(-1), dim=-1)  # (B, U_o)
 logits = (weights[..., None] * ro.head(y)).sum(1)
 assert torch.allclose(logits, model(x), atol=1e-5)
-print("read-out weights of sample 0:", weights[0])
+print("read-out weights of sample 0:")
+print(weights[0])
 
 # %% [markdown]
 # The whole forward pass above, chained by hand, equals `model(x)`.
@@ -225,7 +254,8 @@ roles_cfg = NACConfig(**{**vars(cfg), "num_read_in": 4})
 roles = NeuralAttentiveCircuit(roles_cfg).eval()
 R, M = roles_cfg.num_read_in, roles_cfg.num_mediators
 d = roles.design()
-read = roles.read_in(x, d.states[:R], d.codes[:R])  # only the read-in modules read the input
+# only the read-in modules read the input
+read = roles.read_in(x, d.states[:R], d.codes[:R])
 senders = (read, d.codes[:R], d.signatures[:R])  # ... and then only send
 med = d.states[R:].expand(len(x), -1, -1)
 for lay in roles.propagators:  # mediators receive from read-in modules and mediators
@@ -238,7 +268,8 @@ with torch.no_grad():
 assert torch.equal(roles.mediator_links().detach(), P_roles[R:, R:])
 assert torch.allclose(roles.module_importance(), P_roles[:, R:].sum(-1))
 print(
-    f"{R} read-in modules, {M} mediators: prior {tuple(roles.graph_prior.prior.shape)}, "
+    f"{R} read-in modules, {M} mediators: prior "
+    f"{tuple(roles.graph_prior.prior.shape)}, "
     f"importances {tuple(roles.module_importance().shape)}"
 )
 
@@ -255,7 +286,10 @@ print(
 pio = modnets.PerceiverIO(cfg).eval()
 as_nac = nac_from_perceiver_io(pio).eval()
 assert torch.allclose(pio(x), as_nac(x), atol=1e-5)
-print(f"Perceiver IO {count_parameters(pio):,} parameters; NAC {count_parameters(model):,}")
+print(
+    f"Perceiver IO {count_parameters(pio):,} parameters; NAC "
+    f"{count_parameters(model):,}"
+)
 
 # %% [markdown]
 # ## Training details
@@ -285,7 +319,8 @@ with torch.no_grad():
     out_train = model.train()(twin)
     out_eval = model.eval()(twin)
 print(
-    f"training: the copies' logits differ by up to {(out_train[0] - out_train[1]).abs().max():.4f}"
+    "training: the copies' logits differ by up to "
+    f"{(out_train[0] - out_train[1]).abs().max():.4f}"
 )
 assert torch.equal(out_eval[0], out_eval[1])
 
@@ -308,7 +343,8 @@ assert torch.allclose(out_quiet[0], out_quiet[1], atol=1e-6)
 # %%
 def toy_batch(n, generator=None):
     sym = torch.randint(0, 10, (n, 12), generator=generator)
-    sym[:, :6] = torch.randint(0, 4, (n, 6), generator=generator)  # half the tokens from the 4
+    # half the tokens from the 4
+    sym[:, :6] = torch.randint(0, 4, (n, 6), generator=generator)
     x = F.one_hot(sym, 10).float() + 0.1 * torch.randn(n, 12, 10, generator=generator)
     counts = F.one_hot(sym, 10)[..., :4].sum(1).float() + 0.01 * torch.rand(
         n, 4, generator=generator
@@ -341,9 +377,14 @@ assert last < first
 # Both terms fall: the task loss, and the distance of the learned link probabilities from the
 # (best permutation of the) scale-free prior.
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-smooth = lambda t: torch.nn.functional.avg_pool1d(t[None, None], k, 1)[0, 0]  # noqa: E731
+
+
+def smooth(t):
+    return torch.nn.functional.avg_pool1d(t[None, None], k, 1)[0, 0]
+
+
 axes[0].plot(smooth(hist[:, 0]))
 axes[0].set(xlabel="step", ylabel="cross-entropy", title="task loss")
 axes[1].plot(smooth(hist[:, 1]))
@@ -357,7 +398,8 @@ xt, yt = toy_batch(n_test, torch.Generator().manual_seed(1))
 with torch.no_grad():
     acc = (model(xt).argmax(-1) == yt).float().mean().item()
 print(
-    f"held-out accuracy {acc:.3f} (chance 0.25; majority class {torch.bincount(yt).max() / n_test:.3f})"
+    f"held-out accuracy {acc:.3f} (chance 0.25; majority class "
+    f"{torch.bincount(yt).max() / n_test:.3f})"
 )
 
 # %% [markdown]
@@ -376,12 +418,18 @@ with torch.no_grad():
 order = model.drop_order().flip(0)
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
 im = axes[0].imshow(P[order][:, order], vmin=0, vmax=1, cmap="viridis")
-axes[0].set(title="learned $P_{ij}$ (most connected first)", xlabel="module j", ylabel="module i")
+axes[0].set(
+    title="learned $P_{ij}$ (most connected first)",
+    xlabel="module j",
+    ylabel="module i",
+)
 fig.colorbar(im, ax=axes[0], fraction=0.046)
 prior_off = model.graph_prior.prior * ~torch.eye(cfg.num_processors, dtype=torch.bool)
 threshold = prior_off.max().item() / 2
 G = draw_circuit(P, axes[1], threshold=threshold, num_hubs=3)
-axes[1].set_title(f"circuit: {G.number_of_edges()} edges with $P_{{ij}} > {threshold:.2f}$")
+axes[1].set_title(
+    f"circuit: {G.number_of_edges()} edges with $P_{{ij}} > {threshold:.2f}$"
+)
 plt.tight_layout()
 
 # %% [markdown]
@@ -396,7 +444,9 @@ plt.tight_layout()
 mask = model.keep_mask(6)
 small = model.drop_modules(6)
 with torch.no_grad():
-    assert torch.allclose(small(xt[:64]), model(xt[:64], processor_mask=mask), atol=1e-5)
+    assert torch.allclose(
+        small(xt[:64]), model(xt[:64], processor_mask=mask), atol=1e-5
+    )
 print(small.generator.codes.shape, "codes left of", model.generator.codes.shape)
 
 # %% [markdown]
@@ -420,7 +470,8 @@ for among in ("mediators", "processors"):
         f"{small_roles.config.num_read_in} of {R} read-in modules left"
     )
 assert roles.keep_mask(n)[:R].all()  # mediators only: every read-in module stays
-last = roles.drop_order(among="processors")  # every module but one read-in module is droppable
+# every module but one read-in module is droppable
+last = roles.drop_order(among="processors")
 assert len(last) == roles_cfg.num_processors - 1 and (last < R).sum() == R - 1
 
 # %% [markdown]
@@ -446,7 +497,9 @@ assert by_q[3]["modules"] == cfg.num_processors - 6  # 6 of 16 dropped
 assert by_q[3]["accuracy"] == accuracy(model.drop_modules(6))["accuracy"]
 ns = [cfg.num_processors - row["modules"] for row in by_q]
 plt.figure(figsize=(5, 3.2))
-plt.plot(ns, [row["accuracy"] for row in by_q], "o-", label="least connected first ($q_i$)")
+plt.plot(
+    ns, [row["accuracy"] for row in by_q], "o-", label="least connected first ($q_i$)"
+)
 plt.plot(ns, [row["accuracy"] for row in rand], "s--", label="random order (mean of 3)")
 plt.xlabel(f"processor modules dropped (of {cfg.num_processors})")
 plt.ylabel("accuracy")
@@ -462,17 +515,32 @@ plt.tight_layout()
 
 # %%
 big_cfg = NACConfig(
-    input_dim=10, num_outputs=4, dim=64, num_layers=2, num_processors=1024, num_readouts=8,
-    num_heads=4, ffn_hidden=128, sig_dim=16, code_dim=32, prior=None,
-)  # fmt: skip
+    input_dim=10,
+    num_outputs=4,
+    dim=64,
+    num_layers=2,
+    num_processors=1024,
+    num_readouts=8,
+    num_heads=4,
+    ffn_hidden=128,
+    sig_dim=16,
+    code_dim=32,
+    prior=None,
+)
 small_cfg = NACConfig(**{**vars(big_cfg), "num_processors": 16})
 big, little = NeuralAttentiveCircuit(big_cfg), NeuralAttentiveCircuit(small_cfg)
-print(f"U_p = 16: {count_parameters(little):,} parameters; U_p = 1024: {count_parameters(big):,}")
+print(
+    f"U_p = 16: {count_parameters(little):,} parameters; U_p = 1024: "
+    f"{count_parameters(big):,}"
+)
 xb = torch.randn(8, 64, 10)
 t0 = time.perf_counter()
 loss = big(xb).square().mean()
 loss.backward()
-print(f"1,024 modules, batch 8, 64 tokens: forward + backward {time.perf_counter() - t0:.2f} s")
+print(
+    "1,024 modules, batch 8, 64 tokens: forward + backward "
+    f"{time.perf_counter() - t0:.2f} s"
+)
 
 # %% [markdown]
 # ## What we learned

@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 10. Tiny-ImageNet: NAC vs Perceiver IO, and dropping modules
@@ -51,6 +53,7 @@ if "google.colab" in sys.modules:
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from IPython.display import Markdown, display
@@ -62,13 +65,13 @@ from modnets.experiments.harness import fmt, seed_stats
 from modnets.experiments.results import results_path, save_results
 from modnets.nn import ConvTokenizer
 from modnets.profiles import get_profile, select
-from modnets.utils import seed_everything
+from modnets.utils import seed_everything, show, wrap
 from modnets.viz import draw_circuit
 
 PROFILE = get_profile()
 config = select(ti.CONFIGS)
 print("profile:", PROFILE, "| seeds:", config.seeds, "| priors:", config.priors)
-print(config.train)
+show(config.train)
 
 # %% [markdown]
 # ## The data
@@ -77,7 +80,7 @@ print(config.train)
 # the 20 classes for which `shared/data` has all 500 training images (10,000 train, 1,000
 # validation images); `gpu` uses all 200. A few validation images of the first classes:
 
-# %%
+# %% tags=["hide-input"]
 val = load_tiny_imagenet("val", classes=config.train.num_classes)
 fig, axes = plt.subplots(2, 8, figsize=(12, 3.3))
 for ax, i in zip(axes.flat, range(16), strict=True):
@@ -102,13 +105,16 @@ images = torch.randn(2, 3, 64, 64)
 
 
 def ln_channels(x, norm):  # LayerNorm over the channels of a (B, C, H, W) map
-    y = F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), norm.weight, norm.bias, norm.eps)
+    y = F.layer_norm(
+        x.permute(0, 2, 3, 1), (x.shape[1],), norm.weight, norm.bias, norm.eps
+    )
     return y.permute(0, 3, 1, 2)
 
 
 x = ln_channels(tok.stem(images), tok.stem_norm)  # (B, C, 16, 16)
 h = tok.dwconv(x).permute(0, 2, 3, 1)  # 7x7 depthwise
-h = tok.fc2(tok.norm2(F.gelu(tok.fc1(tok.norm1(h)))))  # LN -> linear -> GELU -> LN -> linear
+# LN -> linear -> GELU -> LN -> linear
+h = tok.fc2(tok.norm2(F.gelu(tok.fc1(tok.norm1(h)))))
 x = x + h.permute(0, 3, 1, 2)
 x = ln_channels(tok.down(x), tok.down_norm).flatten(2).transpose(1, 2)  # (B, 64, C')
 tokens = torch.cat([x, tok.pos.expand(2, -1, -1)], dim=-1)
@@ -146,7 +152,7 @@ print(ti.format_summary(results))
 # point; the NAC's minimised loss adds the graph regulariser, logged as `graph`) and validation
 # top-1 after each epoch.
 
-# %%
+# %% tags=["hide-input"]
 models = results["models"]
 colours = {name: f"C{i}" for i, name in enumerate(models)}
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
@@ -154,8 +160,12 @@ for name, m in models.items():
     for i, r in enumerate(m["per_seed"]):
         h = r["history"]
         label = name if i == 0 else None
-        axes[0].plot(h["step"], h["ce"], color=colours[name], alpha=0.7, lw=1, label=label)
-        axes[1].plot(h["epoch"], h["val_top1"], "o-", color=colours[name], alpha=0.7, label=label)
+        axes[0].plot(
+            h["step"], h["ce"], color=colours[name], alpha=0.7, lw=1, label=label
+        )
+        axes[1].plot(
+            h["epoch"], h["val_top1"], "o-", color=colours[name], alpha=0.7, label=label
+        )
 axes[0].set(xlabel="step", ylabel="training cross-entropy")
 axes[1].set(xlabel="epoch", ylabel="validation top-1")
 axes[1].legend()
@@ -170,14 +180,20 @@ plt.tight_layout()
 # the absolute level. Ours: mean ± sd over seeds.
 
 # %%
-rows = [("model", "params", "top-1 (ours)", "top-5 (ours)", "top-1 (paper)", "top-5 (paper)")]
+rows = []
 for name, r in models.items():
     p = ti.PAPER.get(name, {}).get("value", {})
-    rows.append((name, f"{r['per_seed'][0]['parameters']:,}", fmt(r["top1"], 100, 1),
-                 fmt(r["top5"], 100, 1), str(p.get("top1", "-")), str(p.get("top5", "-"))))  # fmt: skip
-widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-for row in rows:
-    print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    rows.append(
+        {
+            "model": name,
+            "params": f"{r['per_seed'][0]['parameters']:,}",
+            "top-1 (ours)": fmt(r["top1"], 100, 1),
+            "top-5 (ours)": fmt(r["top5"], 100, 1),
+            "top-1 (paper)": p.get("top1", "-"),
+            "top-5 (paper)": p.get("top5", "-"),
+        }
+    )
+display(pd.DataFrame(rows).style.hide(axis="index"))
 
 # %% [markdown]
 # ## Fig. 5a: dropping modules, in three orders
@@ -194,13 +210,22 @@ for row in rows:
 data = ti.load_data(config.train)
 nac_name = ti.model_name("nac", config.priors[0])
 fractions = [d["fraction"] for d in models[nac_name]["per_seed"][0]["drop"]]
-nacs = {seed: ti.trained_model("nac", config, seed, data, prior=config.priors[0],
-                               show_progress=False)[0] for seed in config.seeds}  # fmt: skip
+nacs = {
+    seed: ti.trained_model(
+        "nac", config, seed, data, prior=config.priors[0], show_progress=False
+    )[0]
+    for seed in config.seeds
+}
 for name, m in models.items():
     r = m["per_seed"][0]
-    full, at80 = r["speed"][0], next(d for d in r["speed"] if abs(d["fraction"] - 0.8) < 1e-9)
-    print(f"{name:<18} {r['parameters']:>9,} parameters   GFLOPs/sample: full {full['gflops']:.3f}, "
-          f"80 % dropped {at80['gflops']:.3f}")  # fmt: skip
+    full, at80 = (
+        r["speed"][0],
+        next(d for d in r["speed"] if abs(d["fraction"] - 0.8) < 1e-9),
+    )
+    print(
+        f"{name:<18} {r['parameters']:>9,} parameters   GFLOPs/sample: full "
+        f"{full['gflops']:.3f}, 80 % dropped {at80['gflops']:.3f}"
+    )
 
 
 # %%
@@ -211,14 +236,27 @@ def curve(m, key="drop", metric="top1"):
 
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 x = 100 * np.array(fractions)
-lines = [(nac_name, "drop", "least connected first", "o-"), (nac_name, "drop_random", "random", "s--"),
-         (nac_name, "drop_most", "most connected first", "v:"), ("Perceiver IO", "drop", "random", "o-")]  # fmt: skip
+lines = [
+    (nac_name, "drop", "least connected first", "o-"),
+    (nac_name, "drop_random", "random", "s--"),
+    (nac_name, "drop_most", "most connected first", "v:"),
+    ("Perceiver IO", "drop", "random", "o-"),
+]
 for name, key, how, style in lines:
     acc = curve(models[name], key)
-    ax.errorbar(x, 100 * acc.mean(0), 100 * acc.std(0, ddof=1) if len(acc) > 1 else None,
-                fmt=style, capsize=3, color=colours[name], label=f"{name}, {how}",
-                alpha=1.0 if key == "drop" else 0.6)  # fmt: skip
-ax.set(xlabel="% of modules / latents dropped", ylabel="validation top-1, % (mean ± sd)")
+    ax.errorbar(
+        x,
+        100 * acc.mean(0),
+        100 * acc.std(0, ddof=1) if len(acc) > 1 else None,
+        fmt=style,
+        capsize=3,
+        color=colours[name],
+        label=f"{name}, {how}",
+        alpha=1.0 if key == "drop" else 0.6,
+    )
+ax.set(
+    xlabel="% of modules / latents dropped", ylabel="validation top-1, % (mean ± sd)"
+)
 ax.legend(fontsize=8)
 plt.tight_layout()
 
@@ -231,16 +269,23 @@ plt.tight_layout()
 # %%
 for name, m in models.items():
     orders = [("", "least first" if m["kind"] == "nac" else "random")]
-    orders += [("_random", "random"), ("_most", "most first")] if m["kind"] == "nac" else []
+    orders += (
+        [("_random", "random"), ("_most", "most first")] if m["kind"] == "nac" else []
+    )
     for suffix, how in orders:
         lost = fmt(m[f"lost_at80{suffix}"] if suffix else m["lost_at80"], 100, 1)
         print(f"{name:<18} {how:<12} at 80 % dropped: {lost} points lost")
 print(
-    f"\nfor comparison, the seed spread of the full NAC: sd {100 * models[nac_name]['top1']['sd']:.1f} points"
+    "\nfor comparison, the seed spread of the full NAC: sd "
+    f"{100 * models[nac_name]['top1']['sd']:.1f} points"
 )
 holds, reason = ti.dropping_matters(models[nac_name]["per_seed"])
 print(
-    "the dropping claims are tested" if holds else f"the dropping claims are inconclusive: {reason}"
+    wrap(
+        "the dropping claims are tested"
+        if holds
+        else f"the dropping claims are inconclusive: {reason}"
+    )
 )
 
 # %% [markdown]
@@ -250,19 +295,38 @@ print(
 # `torch.inference_mode` (median of several passes), GFLOPs per sample with
 # `torch.utils.flop_counter`. The tokeniser and the read-out's fixed cost bound the speed-up.
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
 for name, m in models.items():
     speed, acc = curve(m, "speed", "samples_per_s"), curve(m)
     gflops = curve(m, "speed", "gflops")[0]  # the same architecture at every seed
-    axes[0].errorbar(x, speed.mean(0), speed.std(0, ddof=1) if len(speed) > 1 else None,
-                     fmt="o-", capsize=3, color=colours[name], label=name)  # fmt: skip
-    axes[1].errorbar(gflops, acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else None,
-                     fmt="o-", capsize=3, color=colours[name], label=name)  # fmt: skip
-axes[0].set(xlabel="% dropped", ylabel=f"samples / s (batch {config.throughput_batch})",
-            title="Fig. 5b: throughput")  # fmt: skip
+    axes[0].errorbar(
+        x,
+        speed.mean(0),
+        speed.std(0, ddof=1) if len(speed) > 1 else None,
+        fmt="o-",
+        capsize=3,
+        color=colours[name],
+        label=name,
+    )
+    axes[1].errorbar(
+        gflops,
+        acc.mean(0),
+        acc.std(0, ddof=1) if len(acc) > 1 else None,
+        fmt="o-",
+        capsize=3,
+        color=colours[name],
+        label=name,
+    )
+axes[0].set(
+    xlabel="% dropped",
+    ylabel=f"samples / s (batch {config.throughput_batch})",
+    title="Fig. 5b: throughput",
+)
 axes[1].set(
-    xlabel="GFLOPs / sample", ylabel="validation top-1", title="Fig. 15: accuracy vs compute"
+    xlabel="GFLOPs / sample",
+    ylabel="validation top-1",
+    title="Fig. 15: accuracy vs compute",
 )
 axes[1].invert_xaxis()
 axes[0].legend(fontsize=8)
@@ -270,13 +334,18 @@ plt.tight_layout()
 for name, m in models.items():
     s = m["per_seed"][0]["speed"]
     s80 = next(d for d in s if abs(d["fraction"] - 0.8) < 1e-9)
-    print(f"{name:<22} 80 % dropped: {fmt(m['speedup_at80'], digits=2)}x samples/s, "
-          f"{s[0]['gflops'] / s80['gflops']:.2f}x fewer GFLOPs")  # fmt: skip
+    print(
+        f"{name:<22} 80 % dropped: {fmt(m['speedup_at80'], digits=2)}x samples/s, "
+        f"{s[0]['gflops'] / s80['gflops']:.2f}x fewer GFLOPs"
+    )
 tok_gflops = ti.gflops_per_sample(ConvTokenizer(**config.train.tokenizer))
 nac_full = models[nac_name]["per_seed"][0]["speed"][0]["gflops"]
 print(
-    f"the tokeniser alone: {tok_gflops:.4f} GFLOPs/sample, which no dropping removes: even with "
-    f"every module gone the NAC's GFLOPs could fall at most {nac_full / tok_gflops:.1f}x"
+    wrap(
+        f"the tokeniser alone: {tok_gflops:.4f} GFLOPs/sample, which no dropping "
+        "removes: even with every module gone the NAC's GFLOPs could fall at most "
+        f"{nac_full / tok_gflops:.1f}x"
+    )
 )
 
 # %% [markdown]
@@ -285,16 +354,25 @@ print(
 # Instead of whole modules, remove edges: the smallest link probabilities $P_{ij}$ are set to 0
 # (pairs, symmetrically; the diagonal stays).
 
-# %%
+# %% tags=["hide-input"]
 plt.figure(figsize=(5.5, 3.4))
 for name, m in models.items():
     if m["kind"] == "nac":
         acc = curve(m, "edges")
         xe = [100 * e["fraction"] for e in m["per_seed"][0]["edges"]]
-        plt.errorbar(xe, acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else None, fmt="o-",
-                     capsize=3, color=colours[name], label=name)  # fmt: skip
-        print(f"{name}: relative loss at 90 % of edges removed "
-              f"{fmt(m['relative_lost_edges90'], 100, 1)} %")  # fmt: skip
+        plt.errorbar(
+            xe,
+            acc.mean(0),
+            acc.std(0, ddof=1) if len(acc) > 1 else None,
+            fmt="o-",
+            capsize=3,
+            color=colours[name],
+            label=name,
+        )
+        print(
+            f"{name}: relative loss at 90 % of edges removed "
+            f"{fmt(m['relative_lost_edges90'], 100, 1)} %"
+        )
 plt.xlabel("% of connections eliminated (smallest $P_{ij}$ first)")
 plt.ylabel("validation top-1")
 plt.legend()
@@ -321,28 +399,47 @@ def over_seeds(diag, when, key, digits=3):
 
 for name, diag in results["diagnostics"].items():
     print(f"{name}   (prior density {diag[0]['links_init']['prior_density']:.3f})")
-    for label, key in [("mean P_ij", "mean_offdiagonal_P"), ("cv of q_i", "q_cv"),
-                       ("Spearman(q_i, prior degree)", "q_prior_spearman"), ("bandwidth", "bandwidth")]:  # fmt: skip
-        print(f"  {label:<28} init {over_seeds(diag, 'links_init', key)}   "
-              f"trained {over_seeds(diag, 'links_trained', key)}")  # fmt: skip
+    for label, key in [
+        ("mean P_ij", "mean_offdiagonal_P"),
+        ("cv of q_i", "q_cv"),
+        ("Spearman(q_i, prior degree)", "q_prior_spearman"),
+        ("bandwidth", "bandwidth"),
+    ]:
+        print(
+            f"  {label:<28} init {over_seeds(diag, 'links_init', key)}   "
+            f"trained {over_seeds(diag, 'links_trained', key)}"
+        )
     entropy = fmt(seed_stats([d["readout_entropy"] for d in diag]))
-    print(f"  read-out entropy {entropy} (uniform: {diag[0]['uniform_readout_entropy']:.3f})")
+    print(
+        f"  read-out entropy {entropy} (uniform: "
+        f"{diag[0]['uniform_readout_entropy']:.3f})"
+    )
 
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
 keys = [("mean_offdiagonal_P", "mean off-diagonal P"), ("q_cv", "cv of $q_i$")]
 for ax, (key, label) in zip(axes[:2], keys, strict=True):
     for diag in results["diagnostics"].values():
         for when, style in (("links_init", "o"), ("links_trained", "s")):
-            ax.plot([d["seed"] for d in diag], [d[when][key] for d in diag], style,
-                    label=f"{'init' if when == 'links_init' else 'trained'}")  # fmt: skip
+            ax.plot(
+                [d["seed"] for d in diag],
+                [d[when][key] for d in diag],
+                style,
+                label=f"{'init' if when == 'links_init' else 'trained'}",
+            )
     ax.set(xlabel="seed", title=label)
-axes[0].axhline(results["diagnostics"][nac_name][0]["links_init"]["prior_density"], color="k",
-                ls="--", label="prior density")  # fmt: skip
+axes[0].axhline(
+    results["diagnostics"][nac_name][0]["links_init"]["prior_density"],
+    color="k",
+    ls="--",
+    label="prior density",
+)
 axes[0].legend(fontsize=8)
 P = nacs[config.seeds[0]].link_probabilities().detach().cpu()
 G = draw_circuit(P, axes[2], num_hubs=5)
 degrees = sorted((d for _, d in G.degree()), reverse=True)
-axes[2].set_title(f"seed {config.seeds[0]}: {G.number_of_edges()} edges; top degrees {degrees[:5]}")
+axes[2].set_title(
+    f"seed {config.seeds[0]}: {G.number_of_edges()} edges; top degrees {degrees[:5]}"
+)
 plt.tight_layout()
 
 # %% [markdown]
@@ -406,23 +503,32 @@ display(claims_table(results["claims"]))
 display(Markdown(verdict_sentences(results["claims"])))
 
 # %%
-# The mechanism the dropping claims rely on, beside their verdicts (mean ± sd over seeds).
+# The mechanism the dropping claims rely on, beside their verdicts
+# (mean ± sd over seeds).
 diag = results["diagnostics"][nac_name]
 holds, reason = ti.dropping_matters(models[nac_name]["per_seed"])
 print(f"{nac_name}, after training:")
 print(
-    f"  mean P_ij {over_seeds(diag, 'links_trained', 'mean_offdiagonal_P')} against the prior's "
-    f"density {diag[0]['links_init']['prior_density']:.3f}"
+    f"  mean P_ij {over_seeds(diag, 'links_trained', 'mean_offdiagonal_P')} against "
+    f"the prior's density {diag[0]['links_init']['prior_density']:.3f}"
 )
 print(
-    f"  cv of q_i {over_seeds(diag, 'links_trained', 'q_cv')}, Spearman(q_i, prior degree) "
-    f"{over_seeds(diag, 'links_trained', 'q_prior_spearman')}"
+    f"  cv of q_i {over_seeds(diag, 'links_trained', 'q_cv')}, Spearman(q_i, prior "
+    f"degree) {over_seeds(diag, 'links_trained', 'q_prior_spearman')}"
 )
 print(
-    f"  80 % dropped at random costs {fmt(models[nac_name]['lost_at80_random'], 100, 1)} points; "
-    f"the full NAC's seed sd is {100 * models[nac_name]['top1']['sd']:.1f} points"
+    wrap(
+        "  80 % dropped at random costs "
+        f"{fmt(models[nac_name]['lost_at80_random'], 100, 1)} points; "
+        f"the full NAC's seed sd is {100 * models[nac_name]['top1']['sd']:.1f} points"
+    )
 )
-print("  so the dropping claims are", "tested" if holds else f"inconclusive: {reason}")
+print(
+    wrap(
+        "  so the dropping claims are "
+        + ("tested" if holds else f"inconclusive: {reason}")
+    )
+)
 
 # %% [markdown]
 # * With the same tokeniser and budget, a NAC and a Perceiver IO can be compared seed by seed, and

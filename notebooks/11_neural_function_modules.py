@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 11. Neural Function Modules
@@ -75,13 +77,13 @@ from modnets.nfm import (
     topk_softmax,
 )
 from modnets.profiles import get_profile, select
-from modnets.utils import seed_everything
+from modnets.utils import seed_everything, show, wrap
 
 PROFILE = get_profile()
 config = select(sm.CONFIGS)
 torch.set_printoptions(precision=3, sci_mode=False)
 print("profile:", PROFILE)
-print(config)
+show(config)
 
 # %% [markdown]
 # ## Sparse arguments: the top-k softmax
@@ -144,11 +146,16 @@ print(topk_softmax(torch.zeros(6), 3))
 # %%
 scores = torch.tensor([2.0, 1.0, 1.0, 1.0, 0.0])  # the 2nd, 3rd and 4th tie
 k = 2
-top = torch.softmax(scores, -1).sort(descending=True, stable=True).indices[:k]  # ties: lowest index
+# ties: lowest index
+top = torch.softmax(scores, -1).sort(descending=True, stable=True).indices[:k]
 by_hand = torch.zeros(5).index_copy(0, top, torch.softmax(scores[top], -1))
 assert torch.allclose(by_hand, topk_softmax(scores, k, mode="exact"))
-print("exact:", topk_softmax(scores, k, mode="exact"), "keeps", int((by_hand > 0).sum()))
-print("SAB:  ", topk_softmax(scores, k), "keeps", int((topk_softmax(scores, k) > 0).sum()))
+print(
+    "exact:", topk_softmax(scores, k, mode="exact"), "keeps", int((by_hand > 0).sum())
+)
+print(
+    "SAB:  ", topk_softmax(scores, k), "keeps", int((topk_softmax(scores, k) > 0).sum())
+)
 
 # %% [markdown]
 # ## Reading nothing: the default slot
@@ -178,10 +185,19 @@ print("SAB:  ", topk_softmax(scores, k), "keeps", int((topk_softmax(scores, k) >
 x = torch.arange(2 * 8 * 8, dtype=torch.float).view(1, 2, 8, 8)
 print("same size  ", tuple(rescale(x, (8, 8)).shape))
 print("upsampled  ", tuple(rescale(x, (16, 16)).shape))
-print("SpaceToDepth", tuple(rescale(x, (4, 4)).shape), "->", num_candidates((8, 8), (4, 4)),
-      "candidates per position")  # fmt: skip
-assert torch.equal(rescale(x, (16, 16))[:, 0], F.interpolate(x, size=(16, 16), mode="nearest"))
-assert torch.equal(rescale(x, (4, 4)), F.pixel_unshuffle(x, 2).view(1, 2, 4, 4, 4).transpose(1, 2))
+print(
+    "SpaceToDepth",
+    tuple(rescale(x, (4, 4)).shape),
+    "->",
+    num_candidates((8, 8), (4, 4)),
+    "candidates per position",
+)
+assert torch.equal(
+    rescale(x, (16, 16))[:, 0], F.interpolate(x, size=(16, 16), mode="nearest")
+)
+assert torch.equal(
+    rescale(x, (4, 4)), F.pixel_unshuffle(x, 2).view(1, 2, 4, 4, 4).transpose(1, 2)
+)
 assert torch.equal(depth_to_space(rescale(x, (4, 4)), (2, 2)), x)  # nothing is lost
 print("1-D:", tuple(rescale(torch.randn(1, 3, 12), (3,)).shape))
 
@@ -189,14 +205,15 @@ print("1-D:", tuple(rescale(torch.randn(1, 3, 12), (3,)).shape))
 # A digit read at a quarter of its resolution: SpaceToDepth turns the 16x16 image into 16
 # candidate planes of 4x4, one per offset inside the 4x4 windows.
 
-# %%
+# %% tags=["hide-input"]
 x_test, y_test = load_mnist("test")
 digit = F.interpolate(torch.tensor(x_test[:1]).float()[:, None], size=(16, 16))
 planes = rescale(digit, (4, 4))[0, :, 0]  # (16, 4, 4)
 fig, axes = plt.subplots(1, 2, figsize=(8, 3.6), gridspec_kw={"width_ratios": [1, 1.2]})
 axes[0].imshow(digit[0, 0], cmap="gray")
 axes[0].set_title("a 16x16 state")
-mosaic = planes.view(4, 4, 4, 4).permute(0, 2, 1, 3).reshape(16, 16)  # planes side by side
+# planes side by side
+mosaic = planes.view(4, 4, 4, 4).permute(0, 2, 1, 3).reshape(16, 16)
 axes[1].imshow(mosaic, cmap="gray")
 axes[1].set_xticks([])
 axes[1].set_yticks([])
@@ -248,10 +265,12 @@ states = [torch.randn(2, 4, 4, 4), torch.randn(2, 4, 2, 2), torch.randn(2, 4, 8,
 memory = [attn.write(s) for s in states]  # (keys, values) of each state
 
 H, d_head, T = 2, 4, 16
-cands = torch.cat([rescale(s, (4, 4)) for s in states], 1)  # (B, 6, C, 4, 4): rescale first
+# (B, 6, C, 4, 4): rescale first
+cands = torch.cat([rescale(s, (4, 4)) for s in states], 1)
 cands = cands.flatten(3).permute(0, 3, 1, 2)  # (B, T, 6, C)
 queries = attn.query(h.flatten(2).transpose(1, 2)).view(2, T, H, d_head)
-keys = F.pad(attn.key(cands), (0, 0, 1, 0)).view(2, T, 7, H, d_head)  # zero default slot first
+# zero default slot first
+keys = F.pad(attn.key(cands), (0, 0, 1, 0)).view(2, T, 7, H, d_head)
 values = F.pad(attn.value(cands), (0, 0, 1, 0)).view(2, T, 7, H, d_head)
 scores = torch.einsum("bthd,btshd->bhts", queries, keys) / math.sqrt(d_head)
 weights = topk_softmax(scores, k=2)
@@ -272,7 +291,9 @@ print("non-zero weights per row:", (w_lib > 0).sum(-1).unique().tolist())
 # own.
 
 # %%
-reader = NFMAttention(dim=4, key_dim=8, value_dim=8, num_heads=2, top_k=2, source_dims=[4, 4, 4])
+reader = NFMAttention(
+    dim=4, key_dim=8, value_dim=8, num_heads=2, top_k=2, source_dims=[4, 4, 4]
+)
 reader.load_state_dict(attn.state_dict(), strict=False)  # query, outputs and gamma
 with torch.no_grad():
     for j in range(3):  # every source: the writer's W_k, W_v
@@ -298,8 +319,10 @@ print("reader-side projection pairs:", len(reader.source_keys))
 # %%
 def blocks():
     torch.manual_seed(0)
-    return [nn.Sequential(nn.Conv1d(a, b, 3, stride=2, padding=1), nn.Tanh())
-            for a, b in ((3, 4), (4, 5), (5, 6))]  # fmt: skip
+    return [
+        nn.Sequential(nn.Conv1d(a, b, 3, stride=2, padding=1), nn.Tanh())
+        for a, b in ((3, 4), (4, 5), (5, 6))
+    ]
 
 
 for K in (1, 2):
@@ -310,7 +333,11 @@ for K in (1, 2):
     for step, (n, c) in enumerate(zip(out.sources, out.candidates, strict=True)):
         kk, i = divmod(step, 3)
         names = [f"h{j % 3 + 1}/pass {j // 3 + 1}" for j in range(n)]
-        print(f"  pass {kk + 1} module {i + 1}: {n} states {names}, {c} candidates per position")
+        print(
+            wrap(
+                f"  pass {kk + 1} module {i + 1}: {n} states {names}, {c} per position"
+            )
+        )
 
 # %% [markdown]
 # In the second pass, module 1 already sees all three states of the first pass: that is the
@@ -335,8 +362,10 @@ images = torch.randn(3, 1, 64, 64)
 assert torch.allclose(with_nfm(images), cnn(images), atol=1e-6)
 with torch.no_grad():
     with_nfm.nfm.attn(1, 0).gamma.fill_(1.0)
-print("gamma = 0: identical;  gamma = 1 moves the logits by",
-      f"{(with_nfm(images) - cnn(images)).abs().max().item():.3f}")  # fmt: skip
+print(
+    "gamma = 0: identical;  gamma = 1 moves the logits by",
+    f"{(with_nfm(images) - cnn(images)).abs().max().item():.3f}",
+)
 
 # %% [markdown]
 # ## The stacked-MNIST task (§4.2, App. C)
@@ -349,12 +378,14 @@ print("gamma = 0: identical;  gamma = 1 moves the logits by",
 # canvas never looks like a 2-digit one) at non-overlapping positions. Training canvases come
 # from MNIST's train split, test canvases from its test split.
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 5, figsize=(12, 2.8))
 for ax, n in zip(axes, range(1, 6), strict=True):
     c = make_canvases(x_test, y_test, 1, n, seed=n)
     ax.imshow(c.images[0, 0], cmap="gray")
-    ax.set_title(f"{n} digit{'s' if n > 1 else ''}: {sorted(c.digits[0].tolist())}", fontsize=9)
+    ax.set_title(
+        f"{n} digit{'s' if n > 1 else ''}: {sorted(c.digits[0].tolist())}", fontsize=9
+    )
     ax.axis("off")
 plt.tight_layout()
 
@@ -415,13 +446,32 @@ for (name, r), color in zip(models.items(), ("C0", "C1"), strict=True):
         pre = hist.get("pretrain")
         steps, epochs = (pre["step"][-1], pre["epoch"][-1]) if pre else (0, 0)
         if pre and name == "CNN":  # the shared pretraining, once per seed
-            axes[0].plot(pre["step"], pre["loss"], color="grey", alpha=0.6,
-                         label="CNN, pretraining" if i == 0 else None)  # fmt: skip
-            axes[1].plot(pre["epoch"], pre["val_acc"], "o-", ms=3, color="grey", alpha=0.6)
-        axes[0].plot([steps + s for s in hist["step"]], hist["loss"], color=color, alpha=0.7,
-                     label=label)  # fmt: skip
-        axes[1].plot([epochs + e for e in hist["epoch"]], hist["val_acc"], "o-", ms=3,
-                     color=color, alpha=0.7, label=label)  # fmt: skip
+            axes[0].plot(
+                pre["step"],
+                pre["loss"],
+                color="grey",
+                alpha=0.6,
+                label="CNN, pretraining" if i == 0 else None,
+            )
+            axes[1].plot(
+                pre["epoch"], pre["val_acc"], "o-", ms=3, color="grey", alpha=0.6
+            )
+        axes[0].plot(
+            [steps + s for s in hist["step"]],
+            hist["loss"],
+            color=color,
+            alpha=0.7,
+            label=label,
+        )
+        axes[1].plot(
+            [epochs + e for e in hist["epoch"]],
+            hist["val_acc"],
+            "o-",
+            ms=3,
+            color=color,
+            alpha=0.7,
+            label=label,
+        )
 axes[0].set(xlabel="step", ylabel="training loss", yscale="log")
 axes[1].set(xlabel="epoch", ylabel="validation accuracy (1 and 3 digits)")
 axes[0].legend(fontsize=8)
@@ -448,21 +498,34 @@ for d in results["diagnostics"]["per_seed"]:
         for stage, c in conv.items():
             if name == "NFM(CNN)" and stage == "pretrain":
                 continue  # the flattened CNN's, shown above
-            rows.append({"seed": d["seed"], "model": name, "stage": stage, "epochs": c["epochs"],
-                         "gain of the best (points)": f"{100 * c['gain']:.1f}",
-                         "converged": "yes" if c["gain"] < 0.01 else "no"})  # fmt: skip
+            rows.append(
+                {
+                    "seed": d["seed"],
+                    "model": name,
+                    "stage": stage,
+                    "epochs": c["epochs"],
+                    "gain of the best (points)": f"{100 * c['gain']:.1f}",
+                    "converged": "yes" if c["gain"] < 0.01 else "no",
+                }
+            )
 display(pd.DataFrame(rows).style.hide(axis="index"))
 
-# %%
+# %% tags=["hide-input"]
 # how far each read's gate opened, epoch by epoch (the NFM of every seed)
-fig, axes = plt.subplots(1, len(models["NFM(CNN)"]["per_seed"]), figsize=(12, 3), sharey=True,
-                         squeeze=False)  # fmt: skip
+fig, axes = plt.subplots(
+    1, len(models["NFM(CNN)"]["per_seed"]), figsize=(12, 3), sharey=True, squeeze=False
+)
 for ax, run in zip(axes[0], models["NFM(CNN)"]["per_seed"], strict=True):
     gammas = np.array(run["history"]["val_gamma"]).T  # (reads, epochs), pass-major
     n = len(gammas) // config.train.passes
     for r, series in enumerate(gammas):
-        ax.plot(run["history"]["epoch"], series, "o-", ms=3,
-                label=f"pass {r // n + 1}, module {r % n + 1}")  # fmt: skip
+        ax.plot(
+            run["history"]["epoch"],
+            series,
+            "o-",
+            ms=3,
+            label=f"pass {r // n + 1}, module {r % n + 1}",
+        )
     ax.axhline(0, color="gray", lw=0.8)
     ax.set(xlabel="epoch", title=f"seed {run['seed']}")
 axes[0, 0].set_ylabel(r"$\gamma$ of the read")
@@ -492,30 +555,54 @@ rows = []
 for c in config.test_counts:
     row = {"digits": f"{c}{' (trained)' if c in config.train.train_counts else ''}"}
     for n in names:
-        row[f"{n} (ours)"] = fmt(models[n]["test"][str(c)]["exact"], scale=100, digits=1)
+        row[f"{n} (ours)"] = fmt(
+            models[n]["test"][str(c)]["exact"], scale=100, digits=1
+        )
     for n in names:
         row[f"{n} (paper)"] = f"{paper[n][c][0]:.2f} ± {paper[n][c][1]:.2f}"
     rows.append(row)
 display(pd.DataFrame(rows).style.hide(axis="index"))
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 counts = list(config.test_counts)
-for (name, r), color, dx in zip(models.items(), ("C0", "C1"), (-0.06, 0.06), strict=True):
+for (name, r), color, dx in zip(
+    models.items(), ("C0", "C1"), (-0.06, 0.06), strict=True
+):
     mean = [100 * r["test"][str(c)]["exact"]["mean"] for c in counts]
     sd = [100 * r["test"][str(c)]["exact"]["sd"] for c in counts]
-    ax.errorbar(np.array(counts) + dx, mean, sd, fmt="o-", color=color, capsize=3,
-                label=f"{name} (ours, mean ± sd)")  # fmt: skip
+    ax.errorbar(
+        np.array(counts) + dx,
+        mean,
+        sd,
+        fmt="o-",
+        color=color,
+        capsize=3,
+        label=f"{name} (ours, mean ± sd)",
+    )
     for c in counts:  # every seed
-        ax.plot([c + dx] * len(r["per_seed"]),
-                [100 * run["test"][str(c)]["exact"] for run in r["per_seed"]], ".",
-                color=color, alpha=0.4)  # fmt: skip
-    ax.plot(counts, [paper[name][c][0] for c in counts], "s--", color=color, alpha=0.5,
-            label=f"{name} (paper)")  # fmt: skip
+        ax.plot(
+            [c + dx] * len(r["per_seed"]),
+            [100 * run["test"][str(c)]["exact"] for run in r["per_seed"]],
+            ".",
+            color=color,
+            alpha=0.4,
+        )
+    ax.plot(
+        counts,
+        [paper[name][c][0] for c in counts],
+        "s--",
+        color=color,
+        alpha=0.5,
+        label=f"{name} (paper)",
+    )
 for c in config.train.train_counts:
     ax.axvspan(c - 0.15, c + 0.15, color="grey", alpha=0.15)
-ax.set(xlabel="digits per test canvas (shaded: trained on)", ylabel="exact-match accuracy (%)",
-       xticks=counts)  # fmt: skip
+ax.set(
+    xlabel="digits per test canvas (shaded: trained on)",
+    ylabel="exact-match accuracy (%)",
+    xticks=counts,
+)
 ax.legend(fontsize=8)
 plt.tight_layout()
 
@@ -530,12 +617,19 @@ plt.tight_layout()
 
 # %%
 for c in config.test_counts:
-    gaps = [n["test"][str(c)]["exact"] - k["test"][str(c)]["exact"]
-            for n, k in zip(models["NFM(CNN)"]["per_seed"], models["CNN"]["per_seed"], strict=True)]  # fmt: skip
+    gaps = [
+        n["test"][str(c)]["exact"] - k["test"][str(c)]["exact"]
+        for n, k in zip(
+            models["NFM(CNN)"]["per_seed"], models["CNN"]["per_seed"], strict=True
+        )
+    ]
     per = ", ".join(f"{100 * g:+.1f}" for g in gaps)
     s = seed_stats(gaps)
-    print(f"{c} digits: NFM - CNN = {100 * s['mean']:+5.1f} ± {100 * s['sd']:.1f} points over "
-          f"{s['n']} seeds ({per});  paper: {paper['NFM(CNN)'][c][0] - paper['CNN'][c][0]:+.2f}")  # fmt: skip
+    print(
+        f"{c} digits: NFM - CNN = {100 * s['mean']:+5.1f} ± {100 * s['sd']:.1f} points "
+        f"over {s['n']} seeds ({per});  paper: "
+        f"{paper['NFM(CNN)'][c][0] - paper['CNN'][c][0]:+.2f}"
+    )
 
 # %% [markdown]
 # ## The dip at unseen counts
@@ -554,11 +648,20 @@ dips = results["diagnostics"]["ood_dip"]
 heads = results["diagnostics"]["head_dips"]
 columns = {f"CNN, {pool} head": heads[pool] for pool in heads}
 columns["NFM(CNN)"] = dips["NFM(CNN)"]
-display(pd.DataFrame([
-    {"digits": c, **{f"{name}: dip (points)": fmt(d[c], scale=100, digits=1)
-                     for name, d in columns.items()}}
-    for c in dips["CNN"]
-]).style.hide(axis="index"))  # fmt: skip
+display(
+    pd.DataFrame(
+        [
+            {
+                "digits": c,
+                **{
+                    f"{name}: dip (points)": fmt(d[c], scale=100, digits=1)
+                    for name, d in columns.items()
+                },
+            }
+            for c in dips["CNN"]
+        ]
+    ).style.hide(axis="index")
+)
 
 # %% [markdown]
 # What to see: the paper's CNN dips by $76.7 - \sqrt{99.3 \cdot 87.8} = -16.7$ points at 2
@@ -610,10 +713,19 @@ traced = [d["nfm_reads"] for d in diag]
 rows = []
 for c in config.test_counts:
     weights = np.array([t[str(c)]["default_weight"] for t in traced])  # (seeds, reads)
-    reads = [f"p{k + 1} stage {i + 1}" for k in range(K) for i in range(N)][-weights.shape[1] :]
+    reads = [f"p{k + 1} stage {i + 1}" for k in range(K) for i in range(N)][
+        -weights.shape[1] :
+    ]
     stats = [seed_stats(weights[:, r]) for r in range(weights.shape[1])]
-    rows.append({"digits": c, **{read: f"{s['mean']:.2f} ± {s['sd']:.2f}"
-                                 for read, s in zip(reads, stats, strict=True)}})  # fmt: skip
+    rows.append(
+        {
+            "digits": c,
+            **{
+                read: f"{s['mean']:.2f} ± {s['sd']:.2f}"
+                for read, s in zip(reads, stats, strict=True)
+            },
+        }
+    )
 print("candidates per position:", traced[0][str(config.test_counts[0])]["candidates"])
 display(pd.DataFrame(rows).style.hide(axis="index"))
 
@@ -624,7 +736,10 @@ display(pd.DataFrame(rows).style.hide(axis="index"))
 # %%
 for d in diag:
     for k, row in enumerate(d["gamma"]):
-        print(f"seed {d['seed']}, pass {k + 1}: gamma = " + "  ".join(f"{g:+.3f}" for g in row))
+        print(
+            f"seed {d['seed']}, pass {k + 1}: gamma = "
+            + "  ".join(f"{g:+.3f}" for g in row)
+        )
 
 # %% [markdown]
 # The trained models themselves, from their checkpoints: what each predicts on a few test
@@ -633,8 +748,10 @@ for d in diag:
 # %%
 held = [c for c in config.test_counts if c not in config.train.train_counts][0]
 canvases = sm.load_test_canvases(config)[held]
-live = {"CNN": sm.trained_model("cnn", config, config.seeds[0], show_progress=False)[0],
-        "NFM(CNN)": nfm_model}  # fmt: skip
+live = {
+    "CNN": sm.trained_model("cnn", config, config.seeds[0], show_progress=False)[0],
+    "NFM(CNN)": nfm_model,
+}
 logits = {name: sm.predict(m, canvases, config.eval_batch) for name, m in live.items()}
 fig, axes = plt.subplots(1, 4, figsize=(12, 3.4))
 for i, ax in enumerate(axes):

@@ -12,14 +12,16 @@
 #     name: python3
 # ---
 
-# %%
+# %% tags=["remove-cell"]
 # Colab only: install modnets from the repository (a no-op everywhere else).
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
     packages = ["modnets @ git+https://github.com/modnets/modnets@main", "torch>=2.3"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *packages], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *packages], check=True
+    )
 
 # %% [markdown]
 # # 12. Performance: what the modular machinery costs
@@ -53,9 +55,17 @@ import torch
 
 from modnets import benchmarks
 from modnets.profiles import get_profile
+from modnets.utils import wrap
 
 PROFILE = get_profile()
-print("profile:", PROFILE, "| threads:", torch.get_num_threads(), "| torch", torch.__version__)
+print(
+    "profile:",
+    PROFILE,
+    "| threads:",
+    torch.get_num_threads(),
+    "| torch",
+    torch.__version__,
+)
 results = benchmarks.run_all(PROFILE)["results"]
 
 # %% [markdown]
@@ -65,12 +75,15 @@ results = benchmarks.run_all(PROFILE)["results"]
 # `W_c c`, once per code). Forward + backward, relative to `nn.Linear` on the same input, for two generic layouts and every
 # shape the experiments at this profile train (chapters 5, 6 and 10):
 
-# %%
+# %% tags=["hide-input"]
 r = results["modulated"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
 colours = {"ModLin": "C0", "ModFC": "C1"}
-ax.barh([row["shape"] for row in r["rows"]], [row["vs_linear"] for row in r["rows"]],
-        color=[colours[row["layer"]] for row in r["rows"]])  # fmt: skip
+ax.barh(
+    [row["shape"] for row in r["rows"]],
+    [row["vs_linear"] for row in r["rows"]],
+    color=[colours[row["layer"]] for row in r["rows"]],
+)
 ax.axvline(1.0, color="k", lw=0.8)
 ax.axvline(1.3, color="tab:red", ls="--", lw=0.8, label="target 1.3x")
 for layer, colour in colours.items():
@@ -91,7 +104,7 @@ plt.tight_layout()
 # NI runs every function on its own copy of the tokens. The library keeps them as one
 # `(batch, functions, tokens, dim)` tensor; the alternative is a Python loop over functions.
 
-# %%
+# %% tags=["hide-input"]
 r = results["ni_vectorised"]
 U = [row["functions"] for row in r["rows"]]
 plt.figure(figsize=(5.5, 3.2))
@@ -117,15 +130,22 @@ plt.tight_layout()
 # that is faster depends on the number of tokens $T$. Below, one ModAttn forward + backward with
 # $B \cdot U \cdot T$ held fixed, fused against NI eq. 7 as written:
 
-# %%
+# %% tags=["hide-input"]
 from modnets.nn.modattn import FUSED_MIN_TOKENS
 
 r = results["modattn_tokens"]
 plt.figure(figsize=(5.5, 3.2))
-plt.plot([row["tokens"] for row in r["rows"]], [row["speedup"] for row in r["rows"]], "o-")
+plt.plot(
+    [row["tokens"] for row in r["rows"]], [row["speedup"] for row in r["rows"]], "o-"
+)
 plt.axhline(1.0, color="k", lw=0.8)
-plt.axvline(FUSED_MIN_TOKENS, color="tab:red", ls="--", lw=0.8,
-            label=f"fused=None switches at {FUSED_MIN_TOKENS} tokens (CPU)")  # fmt: skip
+plt.axvline(
+    FUSED_MIN_TOKENS,
+    color="tab:red",
+    ls="--",
+    lw=0.8,
+    label=f"fused=None switches at {FUSED_MIN_TOKENS} tokens (CPU)",
+)
 plt.xscale("log", base=2)
 plt.xlabel("tokens T")
 plt.ylabel("NI eq. 7 time / fused time")
@@ -173,13 +193,23 @@ from modnets.threads import GOMP_SPINCOUNT
 r = results["thread_policy"]
 if r["rows"]:
     spins = list(dict.fromkeys(row["spin"] for row in r["rows"]))
-    default = {row["config"]: row["quiet_2t_ms"] for row in r["rows"] if row["spin"] == spins[0]}
+    default = {
+        row["config"]: row["quiet_2t_ms"]
+        for row in r["rows"]
+        if row["spin"] == spins[0]
+    }
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharex=True)
     for config in default:
         rows = [row for row in r["rows"] if row["config"] == config]
-        axes[0].plot(spins, [row["busy_slowdown_2t"] for row in rows], "o-", label=config)
-        axes[1].plot(spins, [row["quiet_2t_ms"] / default[config] for row in rows], "o-",
-                     label=config)  # fmt: skip
+        axes[0].plot(
+            spins, [row["busy_slowdown_2t"] for row in rows], "o-", label=config
+        )
+        axes[1].plot(
+            spins,
+            [row["quiet_2t_ms"] / default[config] for row in rows],
+            "o-",
+            label=config,
+        )
     axes[0].axhline(2.5, color="tab:red", ls="--", lw=0.8, label="target 2.5x")
     axes[0].set(ylabel="busy / quiet (2 threads)", xlabel="GOMP_SPINCOUNT")
     axes[1].set(ylabel="quiet time / default spinning's", xlabel="GOMP_SPINCOUNT")
@@ -192,7 +222,8 @@ if r["rows"]:
         for row in r["rows"]
         if row["spin"] == GOMP_SPINCOUNT
     }
-    print("threads that are fastest on a quiet machine, with the policy:", best)
+    print("threads that are fastest on a quiet machine, with the policy:")
+    print(best)
 print(r["note"] or "")
 
 # %% [markdown]
@@ -226,11 +257,13 @@ for key in ("nac_vs_pio", "read_in_memory"):
 # tokens, so theirs eventually grows as N². NAC and Perceiver IO are run 16x further in N,
 # because their linear term only overtakes their fixed cost (the propagators) at large N.
 
-# %%
+# %% tags=["hide-input"]
 r = results["token_scaling"]
 plt.figure(figsize=(5.5, 3.6))
 for name, e in r["exponents"].items():
-    pts = [(row["tokens"], row[f"{name}_ms"]) for row in r["rows"] if f"{name}_ms" in row]
+    pts = [
+        (row["tokens"], row[f"{name}_ms"]) for row in r["rows"] if f"{name}_ms" in row
+    ]
     plt.plot(*zip(*pts, strict=True), "o-", label=f"{name} (~N^{e:.2f})")
 plt.xscale("log", base=2)
 plt.yscale("log")
@@ -246,10 +279,14 @@ plt.tight_layout()
 # %% [markdown]
 # ## 5. Dropping modules makes inference faster
 
-# %%
+# %% tags=["hide-input"]
 r = results["dropping"]
 plt.figure(figsize=(5, 3.2))
-plt.plot([100 * row["dropped"] for row in r["rows"]], [row["speedup"] for row in r["rows"]], "o-")
+plt.plot(
+    [100 * row["dropped"] for row in r["rows"]],
+    [row["speedup"] for row in r["rows"]],
+    "o-",
+)
 plt.axhline(4, color="tab:red", ls="--", lw=0.8, label="target 4x at 80 %")
 plt.xlabel("% of processor modules dropped")
 plt.ylabel("speed-up (samples/s)")
@@ -267,7 +304,7 @@ plt.tight_layout()
 # convolutions) and divided by the measured time; the reference is a large `torch.matmul` in the
 # same run.
 
-# %%
+# %% tags=["hide-input"]
 r = results["flop_utilisation"]
 names = [row["what"] for row in r["rows"]]
 plt.figure(figsize=(6, 2.8))
@@ -295,7 +332,7 @@ print(benchmarks.format_result(results["many_modules"]))
 for name, r in results.items():
     verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3g}"
-    print(f"{name:<18} {ratio:>8}  target {r['target']} ({verdict})")
+    print(wrap(f"{name:<18} {ratio:>8}  target {r['target']} ({verdict})"))
 
 # %% [markdown]
 # ## What we learned

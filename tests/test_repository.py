@@ -33,6 +33,8 @@ def test_first_code_cell_installs_only_in_colab(path):
     src = "".join(first["source"])
     assert '"google.colab" in sys.modules' in src
     assert f"git+{url}" in src, "the Colab install cell must use repository.url from _config.yml"
+    # Colab needs it, a reader of the book does not: removed from the rendered page
+    assert "remove-cell" in first["metadata"].get("tags", []), f"{path.name}: tag it remove-cell"
 
 
 def test_every_notebook_is_in_the_toc():

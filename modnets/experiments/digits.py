@@ -48,7 +48,7 @@ from modnets.experiments.results import save_results  # noqa: F401 (re-exported 
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.profiles import get_profile, select
 from modnets.training import TrainConfig, amp_dtype, autocast, fit, minibatches, warmup_cosine
-from modnets.utils import default_device, progress, seed_everything
+from modnets.utils import default_device, progress, seed_everything, wrap
 
 __all__ = [
     "NAME",
@@ -256,7 +256,7 @@ class DigitsData:
 def to_rgb32(images: np.ndarray) -> Tensor:
     """uint8 ``(N, H, W)`` or ``(N, H, W, 3)`` -> uint8 ``(N, 3, 32, 32)``: grey to three channels,
     28x28 upsampled bilinearly (NI §4.2: "upsampled to shape 32x32 (if required)")."""
-    x = torch.from_numpy(np.ascontiguousarray(images))
+    x = torch.from_numpy(np.array(images, order="C"))  # a writable copy (loaders map read-only)
     x = x[:, None].expand(-1, 3, -1, -1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
     if x.shape[-1] != 32:
         chunks = [
@@ -933,21 +933,21 @@ FULL_TRAIN_SIZES = {"svhn": 73_257, "mnist_m": 59_001, "mnist": 60_000}
 def format_summary(results: dict) -> str:
     m = results["models"]
     seconds = results["provenance"]["wall_seconds"]
-    lines = [f"profile: {results['profile']}  ({seconds:.0f} s; mean ± sd over "
+    lines = [f"profile: {results['profile']} ({seconds:.0f} s; mean ± sd over "
              f"{len(results['seeds'])} pretraining seeds)"]  # fmt: skip
     for kind in KINDS:
         r = m[kind]["per_seed"][0]
-        lines.append(f"{MODEL_NAMES[kind]:<24} {r['parameters']:>9,} parameters  mean "
-                     f"validation accuracy {fmt(m[kind]['mean_val_acc'])}")  # fmt: skip
-    lines.append("K-MNIST accuracy after adaptation:")
+        lines.append(f"{MODEL_NAMES[kind]:<24} {r['parameters']:>7,} params, validation "
+                     f"accuracy {fmt(m[kind]['mean_val_acc'], n=False)}")  # fmt: skip
+    lines.append("K-MNIST accuracy after adaptation, by number of labelled samples:")
     series = (("NI", m["ni"]["adaptation"]), ("ViT", m["vit"]["adaptation"]),
               ("ViT (parameter-matched)", m["vit_small"]["adaptation"]),
               ("NI (val-matched)", m["ni"]["adaptation_valmatched"]),
               ("ViT (val-matched)", m["vit"]["adaptation_valmatched"]),
               ("NI (re-sampled functions)", m["ni"]["adaptation_resampled"]))  # fmt: skip
     for name, s in series:
-        lines.append(f"  {name:<26} " + "  ".join(f"{n}: {fmt(s[n])}" for n in s))
-    return "\n".join(lines)
+        lines.append(f"  {name}: " + ",  ".join(f"{n}: {fmt(s[n], n=False)}" for n in s))
+    return wrap("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

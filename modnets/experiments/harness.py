@@ -310,9 +310,10 @@ def per_seed(runs: Sequence[dict], *path) -> list:
     return out
 
 
-def fmt(s: dict, scale: float = 1.0, digits: int = 3) -> str:
-    """``"mean ± sd (n seeds)"`` of a :func:`seed_stats` dict."""
-    return f"{scale * s['mean']:.{digits}f} ± {scale * s['sd']:.{digits}f} (n={s['n']})"
+def fmt(s: dict, scale: float = 1.0, digits: int = 3, n: bool = True) -> str:
+    """``"mean ± sd (n=seeds)"`` of a :func:`seed_stats` dict (``n=False``: without the count)."""
+    out = f"{scale * s['mean']:.{digits}f} ± {scale * s['sd']:.{digits}f}"
+    return f"{out} (n={s['n']})" if n else out
 
 
 # ----------------------------------------------------------------------------- results

@@ -41,7 +41,7 @@ from modnets.experiments.harness import load_or_train, per_seed, seed_stats
 from modnets.nfm import ConvNet
 from modnets.profiles import get_profile, select
 from modnets.training import TrainConfig, autocast, fit, minibatches
-from modnets.utils import default_device, seed_everything
+from modnets.utils import default_device, seed_everything, wrap
 
 __all__ = [
     "StackedMNISTTrain",
@@ -648,7 +648,7 @@ def format_summary(results: dict) -> str:
         mark = "*" if int(c) in train_counts else " "
         lines.append(f"{c:>6}{mark} " + " ".join(cells))
     lines.append("(* trained on this count)")
-    return "\n".join(lines)
+    return wrap("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,7 +60,7 @@ from modnets.nn.tokens import ConvTokenizer
 from modnets.profiles import get_profile, select
 from modnets.timing import median_time
 from modnets.training import TrainConfig, autocast, fit
-from modnets.utils import default_device, seed_everything
+from modnets.utils import default_device, seed_everything, wrap
 
 __all__ = [
     "TinyImageNetTrain",
@@ -720,30 +720,32 @@ def claims(results: dict) -> list:
 
 
 def format_summary(results: dict) -> str:
+    """Top-1 / top-5 of each model and its drop curve (every order), mean ± sd over seeds, in
+    lines that fit the book's column."""
     c = results["config"]["train"]
     p = results["provenance"]
-    lines = [f"profile: {results['profile']}  ({p['wall_seconds']:.0f} s), "
-             f"{c['classes'] or 200} classes, seeds {results['seeds']}; mean ± sd over seeds"]  # fmt: skip
+    lines = [f"profile: {results['profile']} ({p['wall_seconds']:.0f} s), "
+             f"{c['classes'] or 200} classes; mean ± sd over seeds {results['seeds']}"]  # fmt: skip
     for name, r in results["models"].items():
         paper = PAPER.get(name, {}).get("value", {})
         params = r["per_seed"][0]["parameters"]
-        lines.append(
-            f"{name:<24} {params:>10,} params  top-1 {fmt(r['top1'])}  top-5 {fmt(r['top5'])}"
-            f"   (paper, 200 classes: {paper.get('top1', '-')} / {paper.get('top5', '-')})"
-        )
+        lines.append(f"{name}: {params:,} params, top-1 {fmt(r['top1'], n=False)}, "
+                     f"top-5 {fmt(r['top5'], n=False)} (paper, 200 classes: "
+                     f"{paper.get('top1', '-')} / {paper.get('top5', '-')})")  # fmt: skip
         runs = r["per_seed"]
         orders = [k for k in ("drop", "drop_random", "drop_most") if k in runs[0]]
         names = {"drop": "least first" if r["kind"] == "nac" else "random",
                  "drop_random": "random", "drop_most": "most first"}  # fmt: skip
+        lines.append(f"  {'drop':>4} {'left':>5}  " + "".join(f"{names[k]:>15}" for k in orders)
+                     + f"{'samples/s':>17} {'GFLOPs':>7}")  # fmt: skip
         for i, d in enumerate(runs[0]["drop"]):
-            accs = "  ".join(f"{names[k]} {fmt(seed_stats([run[k][i]['top1'] for run in runs]))}"
-                             for k in orders)  # fmt: skip
+            accs = "".join(f"{fmt(seed_stats([run[k][i]['top1'] for run in runs]), n=False):>15}"
+                           for k in orders)  # fmt: skip
             speed = seed_stats([run["speed"][i]["samples_per_s"] for run in runs])
-            lines.append(
-                f"    drop {d['fraction']:.0%}: {d['modules']:>4} modules  top-1 {accs}  "
-                f"{fmt(speed, digits=1)} samples/s  {runs[0]['speed'][i]['gflops']:.3f} GFLOPs"
-            )
-    return "\n".join(lines)
+            lines.append(f"  {d['fraction']:>4.0%} {d['modules']:>5}  {accs}"
+                         f"{fmt(speed, digits=1, n=False):>17} "
+                         f"{runs[0]['speed'][i]['gflops']:>7.3f}")  # fmt: skip
+    return wrap("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

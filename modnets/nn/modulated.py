@@ -99,7 +99,8 @@ class _Modulated(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"code_features={self.code_features}, bias={self.bias is not None}"
+            f"code_features={self.code_features}"
+            + ("" if self.bias is not None else ", bias=False")
         )
 
     def _modulated_linear(self, x: Tensor, m: Tensor) -> Tensor:
