@@ -1,6 +1,6 @@
 # modnets — the two commands of the README:
 #   make book   execute every notebook (cpu profile unless MODNETS_PROFILE says otherwise) and build _build/html
-#   make test   unit tests + every notebook under nbval (smoke profile) + a warning-free book build
+#   make test   unit tests + nbval (smoke profile) + the book executed at smoke, built -W and audited
 # Both create .venv when no virtualenv is active and install the project into it.
 
 SHELL := /bin/bash
