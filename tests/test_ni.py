@@ -154,6 +154,26 @@ def test_modattn_fused_equals_eq7_reference_eps_included():
     torch.testing.assert_close(ys[0], ys[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("align", [1, 8, 16])
+def test_modattn_fused_padded_heads_equal_eq7_reference(align, monkeypatch):
+    # On a GPU the fused path rounds its head width (dh + 1) up to FUSED_ALIGN with zero channels,
+    # so that the memory-efficient kernel takes it: the result must not change (checked here on
+    # the CPU with the GPU's alignment, including a bias and a width that is already aligned).
+    from modnets.nn import modattn
+
+    monkeypatch.setitem(modattn.FUSED_ALIGN, "cpu", align)
+    assert modattn._fused_width(16, torch.device("cpu")) == -(-17 // align) * align
+    attn = modnets.ModAttn(8, 4, num_heads=2).double()
+    x, codes, compat = _zeroed_streams()
+    bias = torch.randn(3, 2, 6, 6, dtype=torch.float64, requires_grad=True)
+    outs = []
+    for attn.fused in (True, False):
+        out = attn(x, codes, compat, bias)
+        outs.append((out, *torch.autograd.grad(out.square().sum(), bias)))
+    for fused, reference in zip(*outs, strict=True):
+        torch.testing.assert_close(fused, reference, atol=1e-12, rtol=1e-10)
+
+
 def test_modattn_fused_gradcheck_with_exact_zeros():
     # NI eq. 7's output C_i N_i / (eps + C_i D_i) changes by O(1) within |C_i| ~ eps of an exact
     # zero, so finite differences (step 1e-6) cannot be taken *at* a zero: the zeros stay exact
@@ -185,10 +205,11 @@ def test_modattn_fused_gradients_equal_reference_and_are_finite():
 
 
 def _largest_saved(attn, x, codes, compat, bias=None) -> int:
+    """Elements of the largest storage autograd keeps (an expanded view counts as its storage)."""
     sizes = []
 
     def pack(t):
-        sizes.append(t.numel())
+        sizes.append(t.untyped_storage().nbytes() // t.element_size())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -207,6 +228,9 @@ def test_modattn_fused_saves_no_attention_weights(T):
     assert _largest_saved(attn, x, codes, compat) < weights
     attn.fused = False  # the reference keeps them: the check can fail
     assert _largest_saved(attn, x, codes, compat) >= weights
+    assert _saved_weights(attn, x, codes, compat)  # (the shape check below can fail too)
+    attn.fused = True
+    assert not _saved_weights(attn, x, codes, compat)
     attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
     fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
     assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
@@ -226,6 +250,65 @@ def test_modattn_auto_keeps_reference_for_a_learned_bias_on_cpu():
     torch.testing.assert_close(attn(x, codes, compat, bias), reference, rtol=0, atol=0)
     assert _largest_saved(attn, x, codes, compat, bias) >= weights  # the reference ran
     assert _largest_saved(attn, x, codes, compat) < weights  # no bias: fused (the check can fail)
+
+
+def _saved_weights(attn, x, codes, compat) -> list[tuple]:
+    """Shapes of the saved tensors that hold (B, U, H, T, T) attention weights."""
+    (B, U, T, _), H = x.shape, attn.num_heads
+    shapes = []
+
+    def pack(t):
+        if t.shape[-2:] == (T, T) and t.numel() >= B * U * H * T * T:
+            shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attn(x, codes, compat)
+    return shapes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim, T", [(64, 18), (192, 67)])  # the cpu and gpu digits NIs
+def test_modattn_fused_takes_a_fused_gpu_kernel(dim, T, dtype):
+    """On CUDA the fused path must run a fused kernel, a learned bias included: with only flash
+    and memory-efficient attention allowed, ``F.scaled_dot_product_attention`` raises instead of
+    falling back to its math kernel. Without a bias it keeps no (B, U, H, T, T) tensor. (With a
+    learned bias, torch's memory-efficient kernel keeps a padded copy of the bias of that size:
+    seen on an H100 with torch 2.11; see :mod:`modnets.nn.modattn`.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, U, H = 4, 5, 4
+    attn = modnets.ModAttn(dim, dim, num_heads=H).cuda()
+    x = torch.randn(B, U, T, dim, device="cuda", requires_grad=True)
+    codes, compat = torch.randn(U, dim, device="cuda"), torch.rand(B, U, T, device="cuda")
+    learned = torch.randn(U, H, T, T, device="cuda", requires_grad=True)
+    fused_kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    low = dtype != torch.float32
+    tol = 3e-2 if low else 1e-4
+    for bias in (None, learned):
+        attn.fused = None  # on CUDA: fused
+        with sdpa_kernel(fused_kernels), torch.autocast("cuda", dtype, enabled=low):
+            out = attn(x, codes, compat, bias)
+            out.float().square().mean().backward()
+            if bias is None:  # (q, k, v of head width 8 ceil((dh + 1) / 8) may be larger)
+                assert not _saved_weights(attn, x, codes, compat)
+        assert torch.isfinite(x.grad).all()
+        if bias is not None:
+            assert torch.isfinite(bias.grad).all()
+        attn.fused = False
+        with torch.autocast("cuda", dtype, enabled=low):
+            torch.testing.assert_close(out, attn(x, codes, compat, bias), atol=tol, rtol=tol)
+
+
+def test_modattn_auto_takes_eq7_under_torch_compile(monkeypatch):
+    """Under torch.compile ``fused=None`` takes NI eq. 7 as written (Inductor fuses it)."""
+    B, U, H, T = 2, 3, 2, 70  # on a CPU, fused=None alone would take the fused kernel here
+    attn = modnets.ModAttn(8, 4, num_heads=H)
+    x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
+    assert _largest_saved(attn, x, codes, compat) < B * U * H * T * T
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _largest_saved(attn, x, codes, compat) >= B * U * H * T * T
 
 
 def test_modattn_rejects_bad_fused():

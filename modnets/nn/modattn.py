@@ -13,8 +13,8 @@ softmax here). A query token with ``C_ui = 0`` gets an all-zero row: the functio
 The forward pass never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = softmax_j(A_ij)``,
 ``sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)`` where ``N_i = sum_j s_ij C_j v_j`` and
 ``D_i = sum_j s_ij C_j``: one ``F.scaled_dot_product_attention`` over values ``[C_j v_j, C_j]``
-gives both (queries and keys padded with a zero channel, so all three share a head width and the
-fused CPU / GPU kernels apply). That is NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact
+gives both (queries and keys padded with zero channels, so all three share a head width and the
+fused CPU / GPU kernels apply; on a GPU the width is rounded up to :data:`FUSED_ALIGN`). That is NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact
 zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7,
 and ``fused=False`` runs the forward pass through it.
 
@@ -29,8 +29,16 @@ picks the fused kernel on CUDA and, on a CPU, from :data:`FUSED_MIN_TOKENS` toke
 
 A learned ``bias`` (the relative positions of chapter 6) changes that on a CPU: torch's fused CPU
 kernel cannot give the bias its gradient, so ``F.scaled_dot_product_attention`` falls back to its
-math kernel, which keeps the ``(B U, H, T, T)`` weights for backward and is slower than the
-reference (0.89x at 4x4 patches, ``T = 66``). ``fused=None`` then stays on the reference.
+math kernel, which keeps the ``(B, U H, T, T)`` weights for backward and is slower than the
+reference (0.89x at 4x4 patches, ``T = 66``). ``fused=None`` then stays on the reference. On a
+GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
+``(B, U H, T, 8 ceil(T / 8))``, as large as the weights (on an H100, torch 2.11, one training step
+at the gpu digits configuration peaked at 4,840 MiB fused and 5,050 MiB through NI eq. 7).
+
+Under ``torch.compile`` (:func:`modnets.training.maybe_compile`), ``fused=None`` takes NI eq. 7 as
+written: Inductor fuses its element-wise work itself. On an H100 (torch 2.11) the compiled
+reference step was faster than the compiled fused one at the cpu digits configuration (13.8 vs
+16.8 ms), and compiling the fused path failed in Inductor at the gpu digits configuration.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from torch import Tensor, nn
 
 from modnets.nn.modulated import ModLin
 
-__all__ = ["FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
+__all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
 
 #: On a CPU, ``fused=None`` uses the fused kernel from this many tokens on (measured; see above).
 FUSED_MIN_TOKENS = 64
@@ -64,6 +72,19 @@ def check_streams(x: Tensor, codes: Tensor, compat: Tensor, dim: int, code_dim: 
         raise ValueError(
             f"compat (the compatibilities C) must have shape ({B}, {U}, {T}), got {tuple(compat.shape)}"
         )
+
+
+#: Head widths the fused GPU kernels take: a multiple of 8 (memory-efficient attention rejects
+#: others, and ``F.scaled_dot_product_attention`` would fall back to its math kernel, which keeps
+#: the weights). The CPU kernels take any width, so there the head is ``dh + 1`` wide.
+FUSED_ALIGN = {"cuda": 8}
+
+
+def _fused_width(head_dim: int, device: torch.device) -> int:
+    """The head width of the fused path: ``head_dim + 1`` (the channel of ``C``), rounded up to
+    :data:`FUSED_ALIGN` on ``device``."""
+    align = FUSED_ALIGN.get(device.type, 1)
+    return -(-(head_dim + 1) // align) * align
 
 
 class ModAttn(nn.Module):
@@ -140,23 +161,27 @@ class ModAttn(nn.Module):
         if fused is None:  # the faster path here (see the module's docstring)
             learned_bias = bias is not None and bias.requires_grad
             fused = x.device.type == "cuda" or (T >= FUSED_MIN_TOKENS and not learned_bias)
+            fused = fused and not torch.compiler.is_compiling()
         if not fused:
             w = self.attention_weights(x, codes, compat, bias)
             v = self._heads(self.value(x, c))
             mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads into channels
             return self.out(mixed, c)
-        q, k, v = (self._heads(proj(x, c)) for proj in (self.query, self.key, self.value))
-        C = compat.expand(B, U, T)[..., None, None].to(v.dtype)  # (B, U, T, 1, 1)
-        zero = v.new_zeros(B, U, T, H, 1)  # a zero channel: q . k unchanged, one head width
-        q, k = torch.cat([q, zero], -1), torch.cat([k, zero], -1)
-        v = torch.cat([C * v, C.expand(B, U, T, H, 1)], -1)
-        # (B, U, T, H, dh + 1) -> (B U, H, T, dh + 1): one attention per function stream and head
-        q, k, v = (t.view(B * U, T, H, dh + 1).transpose(1, 2) for t in (q, k, v))
-        if bias is not None:  # the fused CPU kernels take 4-d inputs: a (B U, H, T, T) mask
-            bias = bias.expand(B, U, H, T, T).reshape(B * U, H, T, T)
+        # (B, U, H, T, dh): each function's heads side by side, so that one attention over
+        # (B, U H) sequences runs every function stream and head, and a (U, H, T, T) bias is a
+        # mask broadcast over the batch (no copy per example)
+        q, k, v = (self._heads(p(x, c)).transpose(2, 3) for p in (self.query, self.key, self.value))
+        C = compat.expand(B, U, T)[:, :, None, :, None].to(v.dtype)  # (B, U, 1, T, 1)
+        # zero channels: q . k unchanged, one head width w >= dh + 1 for q, k and [C v, C]
+        w = _fused_width(dh, x.device)
+        zero = v.new_zeros(B, U, H, T, w - dh)
+        q, k = (torch.cat([t, zero], -1).view(B, U * H, T, w) for t in (q, k))
+        v = torch.cat([C * v, C.expand(B, U, H, T, 1), zero[..., 1:]], -1).view(B, U * H, T, w)
+        if bias is not None:
+            bias = bias.expand(U, H, T, T).reshape(1, U * H, T, T).expand(B, U * H, T, T)
         # NI eq. 7: [N_i, D_i] = sum_j softmax_j(q_i . k_j / sqrt(d_key) + b_ij) [C_j v_j, C_j]
         nd = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1 / math.sqrt(dh))
-        nd = nd.transpose(1, 2).reshape(B, U, T, H, dh + 1)
+        nd = nd.unflatten(1, (U, H))
         # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)
-        mixed = C * nd[..., :dh] / (self.eps + C * nd[..., dh:])
-        return self.out(mixed.flatten(-2), c)
+        mixed = C * nd[..., :dh] / (self.eps + C * nd[..., dh : dh + 1])
+        return self.out(mixed.transpose(2, 3).flatten(-2), c)  # heads into channels
