@@ -33,7 +33,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book publish test unit nbval book-check lint format bench equations sync audit book-smoke shots clean
+.PHONY: help install book publish test unit nbval book-check lint format bench bench-gpu equations sync audit book-smoke shots clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
@@ -41,6 +41,7 @@ help:
 	@echo "make audit   audit the HTML of make book (what a reader sees); make shots: screenshots"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run the benchmarks in bench/"
+	@echo "make bench-gpu  the ratios on a GPU: float32 / bf16, eager / torch.compile"
 	@echo "make equations  regenerate book/equations.md from modnets/equations.py"
 	@echo "make sync    level each notebook with its script (notebooks/NN_name.py, the newer wins)"
 	@echo "make publish push _build/html to the gh-pages branch (ghp-import; run make book first)"
@@ -122,6 +123,13 @@ format: install
 
 bench: install
 	$(PY) -m bench
+
+bench-gpu: install
+	$(PY) -m bench --profile gpu
+	$(PY) -m bench --profile gpu --precision bfloat16
+	$(PY) -m bench --profile gpu --compile
+	$(PY) -m bench --profile gpu --precision bfloat16 --compile
+	$(PY) -m bench --profile gpu --compare
 
 # The equation index page is generated (tests/test_equations.py checks it is up to date).
 equations: install

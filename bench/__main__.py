@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from modnets.benchmarks import BENCHMARKS, BenchConfig, _result, median_time, run_all
+from modnets.benchmarks import (
+    BENCHMARKS,
+    PRECISIONS,
+    BenchConfig,
+    _result,
+    compare,
+    median_time,
+    run_all,
+)
 from modnets.graphs import GRAPHONS, GraphPriorRegularizer, graphon, hungarian_permutation
 from modnets.profiles import PROFILES, get_profile
 
@@ -139,12 +147,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="bfloat16: the timed calls under bf16 autocast")  # fmt: skip
+    parser.add_argument("--compile", action="store_true", help="torch.compile the timed models")
+    parser.add_argument("--compare", action="store_true",
+                        help="print the ratios of every saved run at --profile side by side")  # fmt: skip
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
+    if args.compare:
+        runs = sorted((Path("_build") / "results").glob(f"bench_{profile}*.json"))
+        if not runs:
+            raise SystemExit(f"no saved runs at profile {profile!r}: run python -m bench first")
+        variants = {}
+        for path in runs:
+            run = json.loads(path.read_text())
+            label = run.get("precision", "float32") + (" compiled" if run.get("compile") else "")
+            variants[label] = run["results"]
+        print(compare(variants))
+        return
     start = time.perf_counter()
-    results = run_all(profile, args.only)
+    results = run_all(profile, args.only, precision=args.precision, compile=args.compile)
     results["seconds"] = time.perf_counter() - start
-    out = args.out or Path("_build") / "results" / f"bench_{profile}.json"
+    variant = "".join(
+        ("_bf16" if args.precision == "bfloat16" else "", "_compile" if args.compile else "")
+    )
+    out = args.out or Path("_build") / "results" / f"bench_{profile}{variant}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(json.dumps(results, indent=1))

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -49,6 +50,7 @@ __all__ = [
     "bench_ni_fused",
     "bench_ni_vs_transformer",
     "set_fused",
+    "bench_ni_memory",
     "bench_thread_policy",
     "bench_nac_vs_pio",
     "bench_read_in_memory",
@@ -57,7 +59,11 @@ __all__ = [
     "bench_flop_utilisation",
     "bench_many_modules",
     "BENCHMARKS",
+    "PRECISIONS",
+    "VARIANT_BENCHMARKS",
     "run_all",
+    "compare",
+    "format_result",
 ]
 
 
@@ -93,6 +99,10 @@ class BenchConfig:
     # 7. many modules
     many_modules: int = 1024
     many_batch: int = 8
+    # the GPU variants (python -m bench --precision bfloat16 --compile): every timed call of the
+    # VARIANT_BENCHMARKS under bf16 autocast, and every timed model torch.compile'd
+    precision: str = "float32"
+    compile: bool = False
 
 
 TABLE4 = dict(dim=384, num_layers=8, num_processors=320, num_readouts=64, num_heads=6,
@@ -109,7 +119,7 @@ CONFIGS = {
                          readin_batch=2, tokens=(16, 32, 64), scaling_dim=16, drop_batch=2,
                          matmul_size=128, many_modules=64, many_batch=2),
     "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096)),
-    "gpu": BenchConfig(repeats=20, warmup=5, min_run_time=1.0, experiments="gpu", batch=64,
+    "gpu": BenchConfig(repeats=10, warmup=3, min_run_time=0.5, experiments="gpu", batch=64,
                        nac=TABLE4, readin_batch=64, drop_batch=64, matmul_size=8192, many_batch=8),
 }  # fmt: skip
 
@@ -135,6 +145,48 @@ def _train_step(model: nn.Module, x: Tensor) -> Callable[[], None]:
         out.float().square().mean().backward()
 
     return step
+
+
+#: ``BenchConfig.precision``: float32, or bfloat16 autocast (as the experiments train on a GPU).
+PRECISIONS = ("float32", "bfloat16")
+
+
+def _autocast(cfg: BenchConfig, device):
+    if cfg.precision == "bfloat16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _time(cfg: BenchConfig, fn: Callable[[], object], device) -> float:
+    """:func:`median_time` of ``fn`` at ``cfg``'s repeats and precision."""
+
+    def call():
+        with _autocast(cfg, device):
+            return fn()
+
+    return median_time(call, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+
+
+def _compiled(cfg: BenchConfig, *models):
+    """``models``, each through ``torch.compile`` when ``cfg.compile``. Dynamo's caches are
+    cleared first, so every row of a benchmark compiles its own models (and never meets the
+    recompile limit, past which dynamo silently runs eager code)."""
+    if cfg.compile:
+        torch._dynamo.reset()
+        models = tuple(torch.compile(m) for m in models)
+    return models if len(models) > 1 else models[0]
+
+
+def _or_nan(cfg: BenchConfig, measure: Callable[[], float], row: dict) -> float:
+    """``measure()``, or NaN (the error noted in ``row``) where compiling fails: on an H100 with
+    torch 2.11, Inductor failed to compile the fused ModAttn at the gpu digits configuration."""
+    try:
+        return measure()
+    except Exception as e:
+        if not cfg.compile:
+            raise
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"
+        return math.nan
 
 
 def _count_flops(fn: Callable[[], object]) -> int:
@@ -187,11 +239,11 @@ def bench_modulated(cfg: BenchConfig, device) -> dict:
         x = torch.randn(*shape, device=device, requires_grad=True)
         codes = torch.randn(*code_shape, device=device)
         layer = (ModLin if kind == "ModLin" else ModFC)(d, d_out, d_code).to(device)
-        linear = nn.Linear(d, d_out).to(device)
+        layer, linear = _compiled(cfg, layer, nn.Linear(d, d_out).to(device))
         times = {}
         for name, call in (("nn.Linear", lambda: linear(x)), (kind, lambda: layer(x, codes))):
-            times[name] = median_time(lambda call=call: call().square().mean().backward(),
-                                      cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+            times[name] = _time(cfg, lambda call=call: call().float().square().mean().backward(),
+                                device)  # fmt: skip
         ratio = times[kind] / times["nn.Linear"]
         worst = max(worst, ratio)
         rows.append({"shape": label, "layer": kind, "x": "x".join(map(str, shape)),
@@ -223,9 +275,10 @@ def bench_ni_vectorised(cfg: BenchConfig, device) -> dict:
         x = torch.randn(B, U, T, d, device=device, requires_grad=True)
         codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
         times = {}
-        for name, f in (("vectorised", loc), ("loop", partial(_loc_loop, loc))):
-            times[name] = median_time(lambda f=f: f(x, codes, compat).square().mean().backward(),
-                                      cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+        fns = _compiled(cfg, loc, partial(_loc_loop, loc))
+        for name, f in zip(("vectorised", "loop"), fns, strict=True):
+            times[name] = _time(cfg, lambda f=f: f(x, codes, compat).float().square().mean()
+                                .backward(), device)  # fmt: skip
         rows.append({"functions": U, "vectorised_ms": 1e3 * times["vectorised"],
                      "loop_ms": 1e3 * times["loop"],
                      "speedup": times["loop"] / times["vectorised"]})  # fmt: skip
@@ -279,9 +332,10 @@ def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
         x = torch.randn(B, U, T, d, device=device, requires_grad=True)
         codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
         times = {}
+        f = _compiled(cfg, attn)
         for attn.fused in (False, True):
-            times[attn.fused] = median_time(lambda: attn(x, codes, compat).square().mean().backward(),
-                                            cfg.repeats, cfg.warmup, device, cfg.min_run_time)  # fmt: skip
+            times[attn.fused] = _time(cfg, lambda: f(x, codes, compat).float().square().mean()
+                                      .backward(), device)  # fmt: skip
         rows.append({"tokens": T, "batch": B, "reference_ms": 1e3 * times[False],
                      "fused_ms": 1e3 * times[True], "speedup": times[False] / times[True]})  # fmt: skip
     attn.fused = None
@@ -317,28 +371,74 @@ def bench_ni_fused(cfg: BenchConfig, device) -> dict:
     rows = []
     configs = _experiment_ni(cfg)
     d_cfg, d_batch, d_input = configs["digits"]
-    configs["digits, 4x4 patches"] = (d_cfg.replace(patch_size=4), d_batch, d_input)
+    if d_cfg.patch_size != 4:  # (the gpu profile's digits NI already has them)
+        configs["digits, 4x4 patches"] = (d_cfg.replace(patch_size=4), d_batch, d_input)
     for name, (c, batch, make_input) in configs.items():
         torch.manual_seed(0)
         model = NeuralInterpreter(c).to(device)
-        step = _train_step(model, make_input(batch, device))
-        times = {}
+        x = make_input(batch, device)
+        times, error = {}, {}
         for fused in (False, True):
             set_fused(model, fused)
-            times[fused] = median_time(step, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
-        attns = [m for m in model.modules() if isinstance(m, ModAttn)]
-        for m in attns:
-            m.forward = _without_mixing(m)
-        free = median_time(step, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
-        for m in attns:
-            del m.forward
-        rows.append({"config": name, "tokens": _tokens(c), "batch": batch,
-                     "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
-                     "speedup": times[False] / times[True], "ceiling": times[False] / free})  # fmt: skip
+            step = _train_step(_compiled(cfg, model), x)
+            times[fused] = _or_nan(cfg, lambda step=step: _time(cfg, step, device), error)
+        row = {"config": name, "tokens": _tokens(c), "batch": batch,
+               "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
+               "speedup": times[False] / times[True], **error}  # fmt: skip
+        if not cfg.compile:  # (the ceiling swaps forward methods, which compiled code would miss)
+            attns = [m for m in model.modules() if isinstance(m, ModAttn)]
+            for m in attns:
+                m.forward = _without_mixing(m)
+            row["ceiling"] = times[False] / _time(cfg, _train_step(model, x), device)
+            for m in attns:
+                del m.forward
+        rows.append(row)
     ratio = rows[0]["speedup"]
+    ceiling = rows[0].get("ceiling")
+    note = (
+        "" if ceiling is None else f"ceiling {ceiling:.2f}x: the speed-up if the mixing were free"
+    )
     return _result("NI training step: fused ModAttn vs NI eq. 7 reference", rows, ratio,
-                   ">= 1.3x at the digits configuration", ratio >= 1.3,
-                   f"ceiling {rows[0]['ceiling']:.2f}x: the speed-up if the mixing were free")  # fmt: skip
+                   ">= 1.3x at the digits configuration", ratio >= 1.3, note)  # fmt: skip
+
+
+def bench_ni_memory(cfg: BenchConfig, device) -> dict:
+    """The memory of one NI training step at the experiments' digits configuration, through NI
+    eq. 7 as written (the ``(B, U, H, T, T)`` weights kept for backward: before the fused ModAttn)
+    and fused (after): the activations autograd keeps, counted alike on every device, and on
+    CUDA the step's peak allocation above what the model and its input hold."""
+    c, batch, make_input = _experiment_ni(cfg)["digits"]
+    torch.manual_seed(0)
+    model = NeuralInterpreter(c).to(device)
+    x = make_input(batch, device)
+    params = list(model.parameters())
+    rows = []
+    for fused in (False, True):
+        set_fused(model, fused)
+        with _autocast(cfg, device):
+            saved = saved_bytes(lambda: model(x), exclude=[x, *params])
+        row = {"path": "fused" if fused else "NI eq. 7 reference", "tokens": _tokens(c),
+               "batch": batch, "saved_MiB": saved / 2**20}  # fmt: skip
+        if device.type == "cuda":
+            step = _train_step(_compiled(cfg, model), x)
+
+            def peak(step=step) -> float:
+                with _autocast(cfg, device):
+                    step()  # warm-up (and compilation)
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    step()
+                    torch.cuda.synchronize()
+                return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+            row["peak_MiB"] = _or_nan(cfg, peak, row)
+        rows.append(row)
+    key = "peak_MiB" if device.type == "cuda" else "saved_MiB"
+    ratio = rows[0][key] / rows[1][key]
+    return _result(f"NI training memory at the digits configuration ({key})", rows, ratio,
+                   "fused keeps less than NI eq. 7", ratio > 1.0,
+                   f"activations kept: {rows[0]['saved_MiB']:.0f} -> {rows[1]['saved_MiB']:.0f} MiB")  # fmt: skip
 
 
 class _PreLNTransformer(nn.Module):
@@ -366,10 +466,9 @@ def bench_ni_vs_transformer(cfg: BenchConfig, device) -> dict:
         layers = c.num_iterations * c.num_locs * c.num_scripts
         tf = _PreLNTransformer(c, layers).to(device)
         streams = torch.randn(batch * c.num_functions, _tokens(c), c.dim, device=device)
-        t_ni = median_time(_train_step(ni, make_input(batch, device)), cfg.repeats, cfg.warmup,
-                           device, cfg.min_run_time)  # fmt: skip
-        t_tf = median_time(_train_step(tf, streams), cfg.repeats, cfg.warmup, device,
-                           cfg.min_run_time)  # fmt: skip
+        ni, tf = _compiled(cfg, ni, tf)
+        t_ni = _time(cfg, _train_step(ni, make_input(batch, device)), device)
+        t_tf = _time(cfg, _train_step(tf, streams), device)
         rows.append({"config": name, "batch_x_functions": batch * c.num_functions,
                      "tokens": _tokens(c), "layers": layers, "ni_ms": 1e3 * t_ni,
                      "transformer_ms": 1e3 * t_tf, "ratio": t_ni / t_tf})  # fmt: skip
@@ -468,8 +567,8 @@ def bench_nac_vs_pio(cfg: BenchConfig, device) -> dict:
     c = _nac_config(cfg)
     x = torch.randn(cfg.batch, 64, c.input_dim, device=device)
     nac, pio = NeuralAttentiveCircuit(c).to(device), PerceiverIO(c).to(device)
-    t_nac = median_time(_train_step(nac, x), cfg.repeats, cfg.warmup, device, cfg.min_run_time)
-    t_pio = median_time(_train_step(pio, x), cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+    t_nac = _time(cfg, _train_step(_compiled(cfg, nac), x), device)
+    t_pio = _time(cfg, _train_step(_compiled(cfg, pio), x), device)
     rows = [{"model": "NAC", "ms": 1e3 * t_nac, "parameters": sum(p.numel() for p in nac.parameters())},
             {"model": "Perceiver IO", "ms": 1e3 * t_pio,
              "parameters": sum(p.numel() for p in pio.parameters())}]  # fmt: skip
@@ -586,7 +685,7 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
     (target >= 50 %)."""
     n = cfg.matmul_size
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    t_mm = median_time(lambda: a @ b, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+    t_mm = _time(cfg, lambda: a @ b, device)  # in the step's precision
     peak = 2 * n**3 / t_mm / 1e9
     c = _nac_config(cfg)
     nac = NeuralAttentiveCircuit(c).to(device)
@@ -598,9 +697,8 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
     rows = [{"what": f"torch.matmul {n}x{n}", "gflop_per_s": peak, "utilisation": 1.0}]
     worst = 1.0
     for name, model, x in (("NAC training step", nac, x_nac), ("NI training step", ni, x_ni)):
-        step = _train_step(model, x)
-        flops = _count_flops(step)
-        t = median_time(step, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+        flops = _count_flops(_train_step(model, x))
+        t = _time(cfg, _train_step(_compiled(cfg, model), x), device)
         rate = flops / t / 1e9
         rows.append({"what": name, "gflop_per_s": rate, "utilisation": rate / peak,
                      "gflop": flops / 1e9})  # fmt: skip
@@ -635,6 +733,7 @@ BENCHMARKS = {
     "modattn_tokens": bench_modattn_tokens,
     "ni_fused": bench_ni_fused,
     "ni_vs_transformer": bench_ni_vs_transformer,
+    "ni_memory": bench_ni_memory,
     "thread_policy": bench_thread_policy,
     "nac_vs_pio": bench_nac_vs_pio,
     "read_in_memory": bench_read_in_memory,
@@ -645,19 +744,39 @@ BENCHMARKS = {
 }
 
 
+#: The benchmarks that take ``precision`` and ``compile`` (the ratios issue #16 asks for on a GPU).
+VARIANT_BENCHMARKS = ("modulated", "ni_vectorised", "modattn_tokens", "ni_fused",
+                      "ni_vs_transformer", "ni_memory", "nac_vs_pio", "flop_utilisation")  # fmt: skip
+
+
 def run_all(profile: str | None = None, only: list[str] | None = None, device=None,
-            show: Callable[[str], None] | None = print) -> dict:  # fmt: skip
-    """Run the suite (or ``only`` some benchmarks) at ``profile``; returns a JSON-able dict."""
+            show: Callable[[str], None] | None = print, precision: str = "float32",
+            compile: bool = False) -> dict:  # fmt: skip
+    """Run the suite (or ``only`` some benchmarks) at ``profile``; returns a JSON-able dict.
+    ``precision="bfloat16"`` (bf16 autocast) and ``compile=True`` (``torch.compile``) apply to
+    :data:`VARIANT_BENCHMARKS`, which are then the default selection."""
     profile = get_profile(profile)
-    cfg = select(CONFIGS, profile)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
+    cfg = replace(select(CONFIGS, profile), precision=precision, compile=compile)
+    variant = precision != "float32" or compile
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    names = only or list(BENCHMARKS)
+    names = only or list(VARIANT_BENCHMARKS if variant else BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise ValueError(f"only must name benchmarks in {list(BENCHMARKS)}, got {unknown}")
+    fixed = [n for n in names if variant and n not in VARIANT_BENCHMARKS]
+    if fixed:
+        raise ValueError(f"only: {fixed} take no precision or compile; those that do are "
+                         f"{list(VARIANT_BENCHMARKS)}")  # fmt: skip
     torch.manual_seed(0)
     out = {"profile": profile, "device": str(device), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "results": {}}  # fmt: skip
+           "torch": torch.__version__, "precision": precision, "compile": compile,
+           "results": {}}  # fmt: skip
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
     for name in names:
         t0 = time.perf_counter()
         res = BENCHMARKS[name](cfg, device)
@@ -666,6 +785,23 @@ def run_all(profile: str | None = None, only: list[str] | None = None, device=No
         if show is not None:
             show(format_result(res))
     return out
+
+
+def compare(variants: dict[str, dict]) -> str:
+    """One line per benchmark, one column per variant (``name -> run_all(...)["results"]``): the
+    ratio each measured, ``*`` where it missed its target."""
+    names = list(dict.fromkeys(n for results in variants.values() for n in results))
+    width = max(10, *(len(v) for v in variants))
+    lines = [f"{'benchmark':<18}" + "".join(f"{v:>{width + 2}}" for v in variants)]
+    for name in names:
+        cells = []
+        for results in variants.values():
+            r = results.get(name)
+            ratio = None if r is None else r["ratio"]
+            cell = "-" if ratio is None else f"{ratio:.3g}" + ("*" if r["met"] is False else "")
+            cells.append(f"{cell:>{width + 2}}")
+        lines.append(f"{name:<18}" + "".join(cells))
+    return "\n".join(lines)
 
 
 def format_result(res: dict) -> str:

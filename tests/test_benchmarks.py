@@ -4,6 +4,7 @@ measured in ``bench/``, as ratios in one run.)"""
 
 import time
 
+import pytest
 import torch
 
 from modnets import benchmarks as b
@@ -71,3 +72,58 @@ def test_thread_policy_is_set_before_torch_loads():
     out = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "7"},
                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     assert out == ["7", "False"]
+
+
+def test_bf16_precision_times_under_autocast_and_float32_does_not():
+    seen = []
+
+    def probe():
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+
+    for precision, expected in (("bfloat16", (True, torch.bfloat16)), ("float32", (False,))):
+        cfg = b.BenchConfig(repeats=1, warmup=0, min_run_time=0.0, precision=precision)
+        seen.clear()
+        b._time(cfg, probe, "cpu")
+        assert seen and all(call[: len(expected)] == expected for call in seen)
+    assert not torch.is_autocast_enabled("cpu")  # and off again afterwards
+
+
+def test_compile_wraps_every_timed_model_only_when_asked():
+    lin, attn = torch.nn.Linear(4, 4), ModAttn(8, 4, num_heads=2)
+    assert b._compiled(b.BenchConfig(), lin, attn) == (lin, attn)
+    compiled = b._compiled(b.BenchConfig(compile=True), lin, attn)
+    assert all(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in compiled)
+    assert [m._orig_mod for m in compiled] == [lin, attn]
+
+
+def test_run_all_variants_check_their_arguments_and_run_the_variant_benchmarks():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        b.run_all("smoke", only=["ni_memory"], precision="fp8", show=None)
+    with pytest.raises(ValueError, match="take no precision or compile"):
+        b.run_all("smoke", only=["dropping"], precision="bfloat16", show=None)
+    with pytest.raises(TypeError, match="compile must be True or False"):
+        b.run_all("smoke", only=["ni_memory"], compile="yes", show=None)
+    out = b.run_all("smoke", only=["ni_memory"], precision="bfloat16", show=None)
+    assert (out["precision"], out["compile"]) == ("bfloat16", False)
+    assert set(b.VARIANT_BENCHMARKS) <= set(b.BENCHMARKS)
+    table = b.compare({"float32": out["results"], "bfloat16": out["results"]})
+    assert table.splitlines()[1].split()[0] == "ni_memory"
+
+
+def test_ni_memory_reports_what_autograd_keeps_on_each_path():
+    # the benchmark's rows are the bytes autograd keeps for NI eq. 7 and for the fused path,
+    # counted independently here (the two differ: the reference keeps the attention weights)
+    cfg = b.BenchConfig(experiments="smoke")
+    res = b.bench_ni_memory(cfg, torch.device("cpu"))
+    c, batch, make_input = b._experiment_ni(cfg)["digits"]
+    torch.manual_seed(0)
+    model = NeuralInterpreter(c)
+    x = make_input(batch, "cpu")
+    expected = []
+    for fused in (False, True):
+        b.set_fused(model, fused)
+        expected.append(b.saved_bytes(lambda: model(x), exclude=[x, *model.parameters()]))
+    got = [row["saved_MiB"] * 2**20 for row in res["rows"]]
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert expected[0] != expected[1]
+    assert res["ratio"] == got[0] / got[1]
