@@ -403,10 +403,10 @@ def bench_ni_fused(cfg: BenchConfig, device) -> dict:
 
 
 def bench_ni_memory(cfg: BenchConfig, device) -> dict:
-    """The memory of one NI training step at the experiments' digits configuration, through NI
-    eq. 7 as written (the ``(B, U, H, T, T)`` weights kept for backward: before the fused ModAttn)
-    and fused (after): the activations autograd keeps, counted alike on every device, and on
-    CUDA the step's peak allocation above what the model and its input hold."""
+    """The memory of one NI training step at the experiments' digits configuration, through
+    NI eq. 7 as written (the ``(B, U, H, T, T)`` weights kept for backward: before the fused
+    ModAttn) and fused (after): the activations autograd keeps, counted alike on every device,
+    and on CUDA the step's peak allocation above what the model and its input hold."""
     c, batch, make_input = _experiment_ni(cfg)["digits"]
     torch.manual_seed(0)
     model = NeuralInterpreter(c).to(device)

@@ -363,17 +363,17 @@ else:
 # | vectorised vs loop, U = 1 / 16 | 1.03x / 12x | 1.00x / 15x | |
 # | fused vs NI eq. 7, gpu digits (67 tokens) | 1.03x | 1.11x | fused: Inductor error |
 # | fused vs NI eq. 7, cpu digits (18 tokens) | 1.10x | | 0.82x |
-# | NI vs its transformer, gpu digits | 2.3x | 4.1x | 1.54x (eq. 7) |
+# | NI vs its transformer, gpu digits | 2.3x | 4.1x | 1.54x (NI eq. 7) |
 # | NI step, % of matmul FLOP/s (NAC step) | 1.6 % (48 %) | 0.1 % (3.7 %) | |
-# | peak memory of an NI step, gpu digits, eq. 7 -> fused | 5,050 -> 4,840 MiB | 3,635 -> 3,578 MiB | |
+# | peak memory of an NI step, gpu digits, NI eq. 7 -> fused | 5,050 -> 4,840 MiB | 3,635 -> 3,578 MiB | |
 #
 # What to see: on that machine the NI step is bound by launching kernels, not by arithmetic.
 # The profiler counted 1,031 kernels per NI step at the cpu digits configuration, against 195 for
 # its transformer, and the GPU was busy for under a tenth of the step. So fused attention changes
 # little, and bf16, which only makes the arithmetic cheaper, can even be slower. `torch.compile`
 # fuses the element-wise work into fewer kernels. It made the NI eq. 7 step 2.6x faster at the cpu
-# digits configuration (36 -> 13.8 ms) and 2.8x at the gpu one (123 -> 43.5 ms), and it takes NI
-# eq. 7 as written (`fused=None` does under compilation). The memory saved is small at 67
+# digits configuration (36 -> 13.8 ms) and 2.8x at the gpu one (123 -> 43.5 ms), and it takes
+# NI eq. 7 as written (`fused=None` does under compilation). The memory saved is small at 67
 # tokens: the weights are then no larger than the queries, and the memory-efficient kernel keeps
 # its own padded copy of the learned relative-position bias, as large as the weights.
 
