@@ -7,6 +7,7 @@ from torch import nn
 
 import modnets
 from modnets.nn import modffn_parameter_count
+from modnets.nn.modulated import _row_blocks
 
 
 def layer_norm_ref(v, eps=1e-5):
@@ -84,13 +85,36 @@ def test_batched_codes_equal_loop(cls, per_sample):
             torch.testing.assert_close(out[b, u], ref(layer, x[b, u], c))
 
 
-def test_function_streams_layout():
-    """NI's (batch, functions, tokens, dim) streams take codes as (U, 1, d_code)."""
-    layer = modnets.ModLin(6, 5, 3)
-    x, codes = torch.randn(2, 4, 9, 6), torch.randn(4, 3)
-    out = layer(x, codes[:, None, :])
-    for u in range(4):
+@pytest.mark.parametrize("cls", [modnets.ModLin, modnets.ModFC])
+@pytest.mark.parametrize("function_major", [False, True])
+def test_function_streams_layout(cls, function_major):
+    """NI's (batch, functions, tokens, dim) streams take codes as (U, 1, d_code). They run as one
+    matmul per function with W diag(m_u) (the branch taken when there are more rows than weights),
+    which must equal the plain form W (x * m) + b one function at a time, stored either way."""
+    layer = randomize_bias_all(cls(6, 5, 3))
+    x, codes = torch.randn(2, 5, 9, 6), torch.randn(5, 3)
+    if function_major:  # (U, B, T, d) in memory, as the streams after a transpose
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # 5 functions on 2 threads: each function's rows in 2 blocks
+    try:
+        assert _row_blocks(5, 2 * 9, x.device) == 2
+        out = layer(x, codes[:, None, :])
+    finally:
+        torch.set_num_threads(threads)
+    for u in range(5):
         torch.testing.assert_close(out[:, u], layer(x[:, u], codes[u]))
+    # and its gradients, in float64, for x, the codes and every parameter
+    layer = layer.double()
+    names = [n for n, _ in layer.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+
+    def f(x, c, *params):
+        return torch.func.functional_call(layer, dict(zip(names, params, strict=True)), (x, c))
+
+    x = x.double().requires_grad_()
+    c = codes[:, None, :].double().requires_grad_()
+    assert torch.autograd.gradcheck(f, (x, c, *params))
 
 
 @pytest.mark.parametrize(
@@ -107,6 +131,21 @@ def test_gradcheck_float64(module):
     x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     c = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(layer, (x, c))
+
+
+def test_row_blocks_share_the_threads_evenly():
+    threads = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    try:
+        torch.set_num_threads(2)
+        assert _row_blocks(5, 18, cpu) == 2  # 10 products, 5 per thread
+        assert _row_blocks(4, 18, cpu) == 1  # already even
+        assert _row_blocks(5, 9, cpu) == 1  # 2 does not divide 9 rows
+        torch.set_num_threads(3)
+        assert _row_blocks(5, 18, cpu) == 3
+        assert _row_blocks(5, 18, torch.device("meta")) == 1  # only the CPU's bmm splits so
+    finally:
+        torch.set_num_threads(threads)
 
 
 def randomize_bias_all(module):
