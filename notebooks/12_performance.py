@@ -176,6 +176,9 @@ for key in ("ni_fused", "ni_vs_transformer"):
 # projections, the MLPs and the type matching are most of the step. The digits NI also learns a
 # relative-position bias, which torch's fused CPU kernel cannot differentiate: it falls back to a
 # slower math kernel, so on a CPU `fused=None` keeps NI eq. 7 whenever the bias is learned.
+# Writing the mixing by hand does not help on a CPU either: at 18 tokens it is many small products
+# and passes over $B U H T^2$ numbers however it is written (`ModAttn`'s docstring records one
+# attempt).
 
 # %% [markdown]
 # ## 2e. Threads, and a busy neighbour
@@ -366,6 +369,9 @@ else:
 # | NI vs its transformer, gpu digits | 2.3x | 4.1x | 1.54x (NI eq. 7) |
 # | NI step, % of matmul FLOP/s (NAC step) | 1.6 % (48 %) | 0.1 % (3.7 %) | |
 # | peak memory of an NI step, gpu digits, NI eq. 7 -> fused | 5,050 -> 4,840 MiB | 3,635 -> 3,578 MiB | |
+#
+# The ModLin rows predate ModLin's current matmul (one `baddbmm` per block of rows, in
+# `ModLin._modulated_linear`); the CPU results above are this build's.
 #
 # What to see: on that machine the NI step is bound by launching kernels, not by arithmetic.
 # The profiler counted 1,031 kernels per NI step at the cpu digits configuration, against 195 for
