@@ -127,3 +127,30 @@ def test_ni_memory_reports_what_autograd_keeps_on_each_path():
     assert got == pytest.approx(expected, rel=1e-9)
     assert expected[0] != expected[1]
     assert res["ratio"] == got[0] / got[1]
+
+
+def test_times_interleave_the_sides_and_keep_each_sides_fastest_round(monkeypatch):
+    calls, seconds = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+
+    def fake_time(cfg, fn, device):
+        name = fn()
+        calls.append(name)
+        return next(seconds[name])
+
+    monkeypatch.setattr(b, "_time", fake_time)
+    sides = {"a": lambda: "a", "b": lambda: "b"}
+    assert b._times(b.BenchConfig(rounds=3), sides, "cpu") == {"a": 1.0, "b": 4.0}
+    assert calls == ["a", "b"] * 3  # round by round, not one side after the other
+
+    def fails():
+        raise RuntimeError("Inductor could not compile this")
+
+    seconds["a"] = iter([2.0, 1.0])
+    row, calls[:] = {}, []
+    got = b._times(
+        b.BenchConfig(rounds=2, compile=True), {"a": sides["a"], "bad": fails}, "cpu", row
+    )
+    assert got["a"] == 1.0 and got["bad"] != got["bad"]  # NaN, and not retried
+    assert calls == ["a", "a"] and "Inductor could not compile" in row["error"]
+    with pytest.raises(RuntimeError):  # eager failures are bugs, not NaN
+        b._times(b.BenchConfig(rounds=1), {"bad": fails}, "cpu")
