@@ -341,20 +341,19 @@ def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
     ``(B, U, H, T, T)`` weights in memory, as ``T`` grows at a fixed ``B U T`` (d 64, 4 heads,
     U = 5): where the fused kernel starts to win sets ``FUSED_MIN_TOKENS``."""
     U, d = 5, 64 if cfg.experiments != "smoke" else 16
-    attn = ModAttn(d, d, num_heads=4).to(device)
+    reference = ModAttn(d, d, num_heads=4, fused=False).to(device)
+    fused = copy.deepcopy(reference)
+    fused.fused = True
     rows = []
     for T in cfg.modattn_tokens:
         B = max(1, cfg.modattn_rows // (U * T))
         x = torch.randn(B, U, T, d, device=device, requires_grad=True)
         codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
-        times = {}
-        f = _compiled(cfg, attn)
-        for attn.fused in (False, True):
-            times[attn.fused] = _time(cfg, lambda: f(x, codes, compat).float().square().mean()
-                                      .backward(), device)  # fmt: skip
+        sides = dict(zip((False, True), _compiled(cfg, reference, fused), strict=True))
+        times = _times(cfg, {side: lambda f=f: f(x, codes, compat).float().square().mean()
+                             .backward() for side, f in sides.items()}, device)  # fmt: skip
         rows.append({"tokens": T, "batch": B, "reference_ms": 1e3 * times[False],
                      "fused_ms": 1e3 * times[True], "speedup": times[False] / times[True]})  # fmt: skip
-    attn.fused = None
     auto = 1 if device.type == "cuda" else FUSED_MIN_TOKENS
     for r in rows:  # what fused=None costs against the faster of the two
         chosen = r["fused_ms"] if r["tokens"] >= auto else r["reference_ms"]
