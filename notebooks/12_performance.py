@@ -32,7 +32,8 @@ if "google.colab" in sys.modules:
 # times both sides *in the same process* with `torch.utils.benchmark` (warm-up, then blocks of
 # calls sized so that the timer's own overhead does not count, at torch's thread setting; the
 # median over blocks), so the **ratios** carry over between machines even when absolute times do
-# not.
+# not. The sides of a ratio take turns, in three rounds, and each keeps its fastest round: a burst
+# of load from elsewhere on a shared machine then slows a round of both sides, not one side.
 #
 # | # | question | target |
 # |---|---|---|
