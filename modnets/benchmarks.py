@@ -339,30 +339,40 @@ def set_fused(model: nn.Module, fused: bool | None) -> nn.Module:
 def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
     """ModAttn forward + backward, fused (``F.scaled_dot_product_attention``) vs NI eq. 7 with its
     ``(B, U, H, T, T)`` weights in memory, as ``T`` grows at a fixed ``B U T`` (d 64, 4 heads,
-    U = 5): where the fused kernel starts to win sets ``FUSED_MIN_TOKENS``."""
-    U, d = 5, 64 if cfg.experiments != "smoke" else 16
-    reference = ModAttn(d, d, num_heads=4, fused=False).to(device)
+    U = 5), without and with a learned ``(U, H, T, T)`` bias (chapter 6's relative positions,
+    which on a CPU send the fused path to torch's math kernel): where the fused path starts to
+    win sets ``FUSED_MIN_TOKENS``."""
+    U, d, H = 5, 64 if cfg.experiments != "smoke" else 16, 4
+    reference = ModAttn(d, d, num_heads=H, fused=False).to(device)
     fused = copy.deepcopy(reference)
     fused.fused = True
     rows = []
-    for T in cfg.modattn_tokens:
-        B = max(1, cfg.modattn_rows // (U * T))
-        x = torch.randn(B, U, T, d, device=device, requires_grad=True)
-        codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
-        sides = dict(zip((False, True), _compiled(cfg, reference, fused), strict=True))
-        times = _times(cfg, {side: lambda f=f: f(x, codes, compat).float().square().mean()
-                             .backward() for side, f in sides.items()}, device)  # fmt: skip
-        rows.append({"tokens": T, "batch": B, "reference_ms": 1e3 * times[False],
-                     "fused_ms": 1e3 * times[True], "speedup": times[False] / times[True]})  # fmt: skip
+    for learned in (False, True):
+        for T in cfg.modattn_tokens:
+            B = max(1, cfg.modattn_rows // (U * T))
+            x = torch.randn(B, U, T, d, device=device, requires_grad=True)
+            codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
+            bias = torch.randn(U, H, T, T, device=device, requires_grad=True) if learned else None
+            sides = dict(zip((False, True), _compiled(cfg, reference, fused), strict=True))
+            times = _times(cfg, {side: lambda f=f: f(x, codes, compat, bias).float().square()
+                                 .mean().backward() for side, f in sides.items()}, device)  # fmt: skip
+            rows.append({"bias": "learned" if learned else "none", "tokens": T, "batch": B,
+                         "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
+                         "speedup": times[False] / times[True]})  # fmt: skip
     auto = 1 if device.type == "cuda" else FUSED_MIN_TOKENS
     for r in rows:  # what fused=None costs against the faster of the two
         chosen = r["fused_ms"] if r["tokens"] >= auto else r["reference_ms"]
         r["auto_vs_best"] = chosen / min(r["fused_ms"], r["reference_ms"])
-    wins = [r["tokens"] for r in rows if r["speedup"] >= 1.0]
+    wins = {b: [r["tokens"] for r in rows if r["bias"] == b and r["speedup"] >= 1.0]
+            for b in ("none", "learned")}  # fmt: skip
     worst = max(r["auto_vs_best"] for r in rows)
+    note = "fused faster from T = " + ", ".join(
+        f"{min(w) if w else '-'} ({'no bias' if b == 'none' else 'a learned bias'})"
+        for b, w in wins.items()
+    )
     return _result("ModAttn fused vs NI eq. 7 reference (fwd+bwd)", rows, worst,
                    f"fused=None (fused from {auto} tokens) within 1.1x of the faster path",
-                   worst <= 1.1, f"fused faster from T = {min(wins) if wins else '-'} on here")  # fmt: skip
+                   worst <= 1.1, note + " here")  # fmt: skip
 
 
 def _without_mixing(attn: ModAttn) -> Callable:

@@ -129,16 +129,22 @@ plt.tight_layout()
 # Chapter 3 showed that NI eq. 7 is one ordinary attention over values $[C_j v_j, C_j]$, so
 # `F.scaled_dot_product_attention` can compute it without the `(B, U, H, T, T)` weights. Whether
 # that is faster depends on the number of tokens $T$. Below, one ModAttn forward + backward with
-# $B \cdot U \cdot T$ held fixed, fused against NI eq. 7 as written:
+# $B \cdot U \cdot T$ held fixed, fused against NI eq. 7 as written, without and with a learned
+# `(U, H, T, T)` bias on the logits (chapter 6's relative positions):
 
 # %% tags=["hide-input"]
 from modnets.nn.modattn import FUSED_MIN_TOKENS
 
 r = results["modattn_tokens"]
 plt.figure(figsize=(5.5, 3.2))
-plt.plot(
-    [row["tokens"] for row in r["rows"]], [row["speedup"] for row in r["rows"]], "o-"
-)
+for bias, label in (("none", "no bias"), ("learned", "a learned bias")):
+    rows = [row for row in r["rows"] if row["bias"] == bias]
+    plt.plot(
+        [row["tokens"] for row in rows],
+        [row["speedup"] for row in rows],
+        "o-",
+        label=label,
+    )
 plt.axhline(1.0, color="k", lw=0.8)
 plt.axvline(
     FUSED_MIN_TOKENS,
@@ -155,10 +161,15 @@ plt.tight_layout()
 print(benchmarks.format_result(r))
 
 # %% [markdown]
-# What to see: below the line the fused kernel is *slower*. With a handful of tokens the weights are
-# no larger than the queries, and the kernel's fixed cost per head dominates. Above the line it
-# wins, by more the longer the sequence. `fused=None` switches at the dashed line on a CPU and always
-# uses the fused kernel on a GPU. A whole NI training step at the experiments' configurations, both
+# What to see: where a curve lies below 1 the fused kernel is *slower*. With a handful of tokens
+# the weights are no larger than the queries, and the kernel's fixed cost per head dominates; the
+# longer the sequence, the more the fused path wins. The printed note says from how many tokens
+# it won in this run. With a learned bias torch's fused CPU kernel cannot give the bias its
+# gradient, so the fused path runs torch's math kernel, which keeps the weights; it is compared
+# the same way. `fused=None` switches at the dashed line on a CPU, bias or not, and always uses the
+# fused kernel on a GPU. Where the curves cross also depends on how the C library's `malloc`
+# serves NI eq. 7's multi-megabyte weights (fresh pages or reused ones), which is why it moves
+# from one process to the next (`ModAttn`'s docstring gives numbers). A whole NI training step at the experiments' configurations, both
 # ways, and against a plain pre-LN transformer (`nn.TransformerEncoder`) doing the same attention and
 # MLP work: batch $B \cdot U$, the same tokens, width, heads and MLP, and iterations × LOCs layers.
 
@@ -174,10 +185,8 @@ for key in ("ni_fused", "ni_vs_transformer"):
 # `ceiling` is the most any attention kernel can give: the step's speed-up if the token mixing of
 # NI eq. 7 cost nothing (every ModAttn keeps its four ModLins and skips the mixing). Where it is
 # close to 1.3x, the 1.3x goal for the step needs a kernel that is almost free; the modulated
-# projections, the MLPs and the type matching are most of the step. The digits NI also learns a
-# relative-position bias, which torch's fused CPU kernel cannot differentiate: it falls back to a
-# slower math kernel, so on a CPU `fused=None` keeps NI eq. 7 whenever the bias is learned.
-# Writing the mixing by hand does not help on a CPU either: at 18 tokens it is many small products
+# projections, the MLPs and the type matching are most of the step. The digits NI learns a
+# relative-position bias, so its fused step runs torch's math kernel (see above). Writing the mixing by hand does not help on a CPU either: at 18 tokens it is many small products
 # and passes over $B U H T^2$ numbers however it is written (`ModAttn`'s docstring records one
 # attempt).
 

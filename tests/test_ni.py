@@ -236,20 +236,27 @@ def test_modattn_fused_saves_no_attention_weights(T):
     assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
 
 
-def test_modattn_auto_keeps_reference_for_a_learned_bias_on_cpu():
+def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():
     """torch's fused CPU kernel gives no gradient to an attention bias and falls back to a math
-    kernel that keeps the weights; ``fused=None`` then takes the (faster) reference path."""
-    B, U, H, T = 2, 3, 2, 70
+    kernel that keeps the weights, which still beats NI eq. 7 from FUSED_MIN_TOKENS tokens on
+    (python -m bench --only modattn_tokens): fused=None takes the fused path, bias or not."""
+    from modnets.nn.modattn import FUSED_MIN_TOKENS
+
+    B, U, H = 2, 3, 2
     attn = modnets.ModAttn(8, 4, num_heads=H)
-    x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
-    bias = torch.randn(U, H, T, T, requires_grad=True)
-    weights = B * U * H * T * T
-    attn.fused = False
-    reference = attn(x, codes, compat, bias)
-    attn.fused = None
-    torch.testing.assert_close(attn(x, codes, compat, bias), reference, rtol=0, atol=0)
-    assert _largest_saved(attn, x, codes, compat, bias) >= weights  # the reference ran
-    assert _largest_saved(attn, x, codes, compat) < weights  # no bias: fused (the check can fail)
+    for T, expected in ((FUSED_MIN_TOKENS + 6, True), (FUSED_MIN_TOKENS - 6, False)):
+        x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
+        bias = torch.randn(U, H, T, T, requires_grad=True)
+        out = {}
+        for attn.fused in (False, True, None):
+            y = attn(x, codes, compat, bias)
+            (g,) = torch.autograd.grad(y.square().sum(), bias)
+            out[attn.fused] = (y, g)
+        torch.testing.assert_close(out[False][0], out[True][0])  # the two paths agree ...
+        # ... and fused=None ran exactly one of them (bit for bit, bias gradient included)
+        for a, b in zip(out[None], out[expected], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert not torch.equal(out[None][0], out[not expected][0])  # (the check can fail)
 
 
 def _saved_weights(attn, x, codes, compat) -> list[tuple]:

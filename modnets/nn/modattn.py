@@ -23,19 +23,28 @@ Which is faster depends on the number of tokens ``T``. On CUDA the fused kernels
 fused kernel is 1.7x *slower* at ``T = 18`` (chapter 6's 8x8 patches: the weights are then no
 larger than the queries, and the kernel's per-head overhead dominates) and 2.4-3.8x faster at
 ``T = 256``; where the two cross moved between 32 and 128 tokens from one run to the next (with
-the thread policy of :mod:`modnets.threads`: about 64). ``fused=None`` (the default) therefore
+the thread policy of :mod:`modnets.threads`: about 64). Much of that movement is glibc's
+``malloc``: it serves the reference's multi-megabyte weights either with fresh pages from the
+kernel (page faults on every step) or from memory it kept, depending on what the process
+allocated before. Run with ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` set to 4 GB
+(memory always kept), the reference at ``T = 64`` took 12.3 ms instead of 24.6 ms, and the fused
+path won only from 128 tokens without a bias (from 64 with a learned one); the cpu digits
+training step (18 tokens) did not change. ``fused=None`` (the default) therefore
 picks the fused kernel on CUDA and, on a CPU, from :data:`FUSED_MIN_TOKENS` tokens on
 (``python -m bench --only modattn_tokens`` measures the choice).
 
-A learned ``bias`` (the relative positions of chapter 6) changes that on a CPU: torch's fused CPU
-kernel cannot give the bias its gradient, so ``F.scaled_dot_product_attention`` falls back to its
-math kernel, which keeps the ``(B, U H, T, T)`` weights for backward and is slower than the
-reference (0.89x at 4x4 patches, ``T = 66``). ``fused=None`` then stays on the reference.
-Nor does a hand-written ``torch.autograd.Function`` win there: one that keeps no weights
-(the softmax recomputed in backward, seven ``bmm`` in all) took 4.69 ms for the mixing of one
-ModAttn forward + backward at the cpu digits shape, NI eq. 7 as written 4.61 ms. At ``T = 18``
-the mixing is many small products and passes over ``B U H T T`` numbers either way. On a
-GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
+A learned ``bias`` (the relative positions of chapter 6): torch's fused CPU kernel cannot give the
+bias its gradient, so on a CPU ``F.scaled_dot_product_attention`` falls back to its math kernel,
+which keeps the ``(B, U H, T, T)`` weights for backward. With the bias broadcast over the batch
+(the ``(B, U H)`` layout below) that fallback still beats NI eq. 7 as written: ModAttn forward +
+backward with a learned bias, two cores, 1.05x at ``T = 32``, 1.36x at ``T = 66`` (the paper's
+4x4 patches) and 2.0x at ``T = 130``. (With a per-example copy of the bias it had been 0.89x at
+``T = 66``.) So ``fused=None`` uses the same threshold with or without a bias. A hand-written
+``torch.autograd.Function`` does not beat NI eq. 7 at chapter 6's 18 tokens either: one that
+keeps no weights (the softmax recomputed in backward, seven ``bmm`` in all) took 4.69 ms for
+the mixing of one ModAttn forward + backward at the cpu digits shape, NI eq. 7 as written
+4.61 ms. At ``T = 18`` the mixing is many small products and passes over ``B U H T T`` numbers
+however it is written. On a GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
 ``(B, U H, T, 8 ceil(T / 8))``, as large as the weights (on an H100, torch 2.11, one training step
 at the gpu digits configuration peaked at 4,840 MiB fused and 5,050 MiB through NI eq. 7).
 
@@ -163,8 +172,7 @@ class ModAttn(nn.Module):
         c = codes[:, None, :]
         fused = self.fused
         if fused is None:  # the faster path here (see the module's docstring)
-            learned_bias = bias is not None and bias.requires_grad
-            fused = x.device.type == "cuda" or (T >= FUSED_MIN_TOKENS and not learned_bias)
+            fused = x.device.type == "cuda" or T >= FUSED_MIN_TOKENS
             fused = fused and not torch.compiler.is_compiling()
         if not fused:
             w = self.attention_weights(x, codes, compat, bias)
