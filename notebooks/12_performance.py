@@ -183,12 +183,15 @@ for key in ("ni_fused", "ni_vs_transformer"):
 # ratio measures.
 #
 # `ceiling` is the most any attention kernel can give: the step's speed-up if the token mixing of
-# NI eq. 7 cost nothing (every ModAttn keeps its four ModLins and skips the mixing). Where it is
-# close to 1.3x, the 1.3x goal for the step needs a kernel that is almost free; the modulated
+# NI eq. 7 cost nothing (every ModAttn keeps the fused path's projections, `q`, `k` and `v` from
+# one product and the out ModLin, and skips the mixing). `mixing_ms` is what the fused mixing
+# takes per step (the fused step minus that one), `mixing_budget_ms` what a 1.3x faster step
+# would leave it, and `mixing_arithmetic_ms` the mixing's bare products and softmax, forward and
+# backward, with no copies or element-wise work: no way of writing the mixing in torch's
+# operators does less. Where the bare arithmetic exceeds the budget, as it does at 18 tokens on
+# two CPU cores, the 1.3x goal for the step is out of reach whatever the kernel; the modulated
 # projections, the MLPs and the type matching are most of the step. The digits NI learns a
-# relative-position bias, so its fused step runs torch's math kernel (see above). Writing the mixing by hand does not help on a CPU either: at 18 tokens it is many small products
-# and passes over $B U H T^2$ numbers however it is written (`ModAttn`'s docstring records one
-# attempt).
+# relative-position bias, so on a CPU its fused step runs torch's math kernel (see above).
 
 # %% [markdown]
 # ## 2e. Threads, and a busy neighbour

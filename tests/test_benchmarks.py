@@ -31,6 +31,28 @@ def test_equivalent_transformer_does_the_ni_matmul_work():
         assert 1.0 <= ratio <= 1.25
 
 
+def test_mixing_arithmetic_is_the_mixing_s_products():
+    # ni_fused's lower bound for the mixing does every product of NI eq. 7's mixing, forward and
+    # backward, once per ModAttn of the step: the FLOPs of a ModAttn step minus those of the same
+    # step with the mixing skipped (the projections kept), up to the fused path's extra channel
+    # (the D of [C v, C]: (dh + 1) / dh), times the ModAttns of an NI step
+    c, batch, _ = b._experiment_ni(b.BenchConfig(experiments="smoke"))["digits"]
+    T, U = b._tokens(c), c.num_functions
+    attn = ModAttn(c.dim, c.code_dim, num_heads=c.num_heads, fused=False)
+    x = torch.randn(batch, U, T, c.dim, requires_grad=True)
+    codes, compat = torch.randn(U, c.code_dim), torch.rand(batch, U, T)
+
+    def step(forward):
+        return lambda: forward(x, codes, compat).square().sum().backward()
+
+    eq7 = b._count_flops(step(attn)) - b._count_flops(step(b._without_mixing(attn)))
+    calls = c.num_iterations * c.num_locs * c.num_scripts
+    bare = b._count_flops(b._mixing_arithmetic(c, batch, "cpu")) / calls
+    dh = c.dim // c.num_heads
+    assert eq7 > 0
+    assert eq7 <= bare <= eq7 * (dh + 1) / dh
+
+
 def test_modulated_benchmark_covers_the_experiments_shapes():
     from modnets.experiments import digits
 

@@ -224,16 +224,42 @@ def test_modattn_fused_saves_no_attention_weights(T):
     x = torch.randn(B, U, T, 8, requires_grad=True)
     codes, compat = torch.randn(U, 4), torch.rand(B, U, T)
     weights = B * U * H * T * T
-    attn.fused = True
-    assert _largest_saved(attn, x, codes, compat) < weights
-    attn.fused = False  # the reference keeps them: the check can fail
-    assert _largest_saved(attn, x, codes, compat) >= weights
+    if T > 3 * attn.dim:  # (at 6 tokens the 432 weights are fewer than the stacked q, k, v)
+        attn.fused = True
+        assert _largest_saved(attn, x, codes, compat) < weights
+        attn.fused = False  # the reference keeps them: the check can fail
+        assert _largest_saved(attn, x, codes, compat) >= weights
+    attn.fused = False
     assert _saved_weights(attn, x, codes, compat)  # (the shape check below can fail too)
     attn.fused = True
     assert not _saved_weights(attn, x, codes, compat)
     attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
     fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
-    assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
+    assert (not _saved_weights(attn, x, codes, compat)) == fused_here
+
+
+def test_modattn_fused_projects_q_k_v_in_one_product():
+    # ModAttn.project stacks each function's three ModLins (NI eqs. 4, 6) into one product: the
+    # same q / sqrt(d_key), k and v as the reference path's three ModLins, with x stored either
+    # way and each function's rows in 2 blocks (3 functions on 2 threads)
+    attn = modnets.ModAttn(8, 4, num_heads=2).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p)
+    B, U, T = 2, 3, 6
+    codes = torch.randn(U, 4, dtype=torch.float64)
+    scales = (1 / math.sqrt(attn.head_dim), 1.0, 1.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for x in (torch.randn(B, U, T, 8, dtype=torch.float64),
+                  torch.randn(U, B, T, 8, dtype=torch.float64).movedim(0, 1)):  # fmt: skip
+            got = attn.project(x, codes)
+            for g, proj, scale in zip(got, (attn.query, attn.key, attn.value), scales, strict=True):
+                want = scale * attn._heads(proj(x, codes[:, None, :])).transpose(2, 3)
+                assert g.shape == (B, U, 2, T, 4)
+                torch.testing.assert_close(g, want, atol=1e-12, rtol=1e-12)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():

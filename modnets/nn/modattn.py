@@ -16,7 +16,13 @@ The forward pass never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = sof
 gives both (queries and keys padded with zero channels, so all three share a head width and the
 fused CPU / GPU kernels apply; on a GPU the width is rounded up to :data:`FUSED_ALIGN`). That is NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact
 zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7,
-and ``fused=False`` runs the forward pass through it.
+and ``fused=False`` runs the forward pass through it. The fused path also computes ``q``, ``k``
+and ``v`` in one product (:meth:`ModAttn.project`: each function's three ModLins stacked), so
+``x`` is read once and its gradient comes back from one product; it writes the mixed heads
+function-major, where the out ModLin reads them without a copy. On two CPU cores that took the
+fused NI training step at the paper's 4x4 patches from 1.12x to 1.19x NI eq. 7's speed (fastest
+of 12 alternating rounds; 1.23x to 1.32x in the median) and changed nothing measurable at 18
+tokens.
 
 Which is faster depends on the number of tokens ``T``. On CUDA the fused kernels win. On a CPU
 (two cores, torch 2.13, d 64, 4 heads, a fixed B U T), a ModAttn forward + backward through the
@@ -44,7 +50,9 @@ backward with a learned bias, two cores, 1.05x at ``T = 32``, 1.36x at ``T = 66`
 keeps no weights (the softmax recomputed in backward, seven ``bmm`` in all) took 4.69 ms for
 the mixing of one ModAttn forward + backward at the cpu digits shape, NI eq. 7 as written
 4.61 ms. At ``T = 18`` the mixing is many small products and passes over ``B U H T T`` numbers
-however it is written. On a GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
+however it is written: its bare products and softmax, forward and backward, took 3.7 ms of a
+43 ms cpu digits step, while a 1.3x faster step would have left the whole mixing under 2 ms once
+the rest of the step was paid (``python -m bench --only ni_fused`` prints both). On a GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
 ``(B, U H, T, 8 ceil(T / 8))``, as large as the weights (on an H100, torch 2.11, one training step
 at the gpu digits configuration peaked at 4,840 MiB fused and 5,050 MiB through NI eq. 7).
 
@@ -62,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets.nn.modulated import ModLin
+from modnets.nn.modulated import ModLin, streams_linear
 
 __all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
 
@@ -146,6 +154,21 @@ class ModAttn(nn.Module):
         B, U, T, _ = t.shape
         return t.view(B, U, T, self.num_heads, self.head_dim)
 
+    def project(self, x: Tensor, codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused path's queries (already times ``1 / sqrt(d_key)``), keys and values, NI eq. 6,
+        from one product: each function's three ModLins ``W diag(m_u)`` (NI eq. 4) stacked into a
+        ``(U, 3 d, d)`` matrix, so ``x`` is read once and its gradient comes back from one
+        product, not three. Returns three ``(B, U, H, T, d_head)`` views."""
+        c = codes[:, None, :]
+        scale = 1 / math.sqrt(self.head_dim)
+        projs = (self.query, self.key, self.value)
+        w = [p.stream_weight(p.modulation(c)) for p in projs]
+        b = [p.bias for p in projs]
+        w[0], b[0] = scale * w[0], scale * b[0]
+        qkv = streams_linear(x, torch.cat(w, 1), torch.cat(b))
+        qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim))  # (B, U, T, 3, H, dh)
+        return qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)
+
     def attention_weights(
         self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
     ) -> Tensor:
@@ -179,21 +202,23 @@ class ModAttn(nn.Module):
             v = self._heads(self.value(x, c))
             mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads into channels
             return self.out(mixed, c)
-        # (B, U, H, T, dh): each function's heads side by side, so that one attention over
-        # (B, U H) sequences runs every function stream and head, and a (U, H, T, T) bias is a
-        # mask broadcast over the batch (no copy per example)
-        q, k, v = (self._heads(p(x, c)).transpose(2, 3) for p in (self.query, self.key, self.value))
+        q, k, v = self.project(x, codes)
         C = compat.expand(B, U, T)[:, :, None, :, None].to(v.dtype)  # (B, U, 1, T, 1)
-        # zero channels: q . k unchanged, one head width w >= dh + 1 for q, k and [C v, C]
+        # (B, U H, T, w): each function's heads side by side, so that one attention over (B, U H)
+        # sequences runs every stream and head, and a (U, H, T, T) bias is a mask broadcast over
+        # the batch (no copy per example); zero channels: q . k unchanged, one head width
+        # w >= dh + 1 for q, k and [C v, C]
         w = _fused_width(dh, x.device)
         zero = v.new_zeros(B, U, H, T, w - dh)
         q, k = (torch.cat([t, zero], -1).view(B, U * H, T, w) for t in (q, k))
-        v = torch.cat([C * v, C.expand(B, U, H, T, 1), zero[..., 1:]], -1).view(B, U * H, T, w)
+        Cv = torch.cat([C * v, C.expand(B, U, H, T, 1), zero[..., 1:]], -1).view(B, U * H, T, w)
         if bias is not None:
             bias = bias.expand(U, H, T, T).reshape(1, U * H, T, T).expand(B, U * H, T, T)
         # NI eq. 7: [N_i, D_i] = sum_j softmax_j(q_i . k_j / sqrt(d_key) + b_ij) [C_j v_j, C_j]
-        nd = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1 / math.sqrt(dh))
+        nd = F.scaled_dot_product_attention(q, k, Cv, attn_mask=bias, scale=1.0)
         nd = nd.unflatten(1, (U, H))
-        # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)
-        mixed = C * nd[..., :dh] / (self.eps + C * nd[..., dh : dh + 1])
-        return self.out(mixed.transpose(2, 3).flatten(-2), c)  # heads into channels
+        # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i): one (B, U, H, T, 1) factor times N_i
+        mixed = nd[..., :dh] * (C / (self.eps + C * nd[..., dh : dh + 1]))
+        # heads into channels, written function-major: the out ModLin reads it without a copy
+        mixed = mixed.permute(1, 0, 3, 2, 4).reshape(U, B, T, self.dim).movedim(0, 1)
+        return self.out(mixed, c)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ModLin", "ModMLP", "ModFC", "ModFFN", "modffn_parameter_count"]
+__all__ = ["ModLin", "ModMLP", "ModFC", "ModFFN", "modffn_parameter_count", "streams_linear"]
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -118,16 +118,16 @@ class _Modulated(nn.Module):
             + ("" if self.bias is not None else ", bias=False")
         )
 
+    def stream_weight(self, m: Tensor) -> Tensor:
+        """``W diag(m_u)`` for each function's modulation ``m`` ``(U, 1, d_in)``: ``(U, d_out, d_in)``."""
+        return m[:, 0, None, :] * self.weight
+
     def _modulated_linear(self, x: Tensor, m: Tensor) -> Tensor:
         """``W (x * m) + b``. When one code serves many rows (NI's streams: x ``(..., U, T, d)``
         with m ``(U, 1, d)``) and there are more rows than weights, scaling the columns of ``W``
         once per code (``W diag(m_u)``) is cheaper than scaling every row of ``x``: same result,
-        fewer element-wise operations forward and backward (measured in ``bench``). The ``U``
-        products are one ``baddbmm`` with the bias added inside it (in :func:`_row_blocks` blocks of
-        rows per function), and the result is a view of its ``(U, ..., T, d_out)`` memory, not
-        copied back. On two CPU cores (torch 2.13), against an ``einsum`` then the bias: ModLin
-        forward + backward at chapter 6's attention shape (x 64x5x18x64) went from 1.73x to
-        1.39x ``nn.Linear``'s time, and the cpu digits NI training step from ~50 to ~46 ms."""
+        fewer element-wise operations forward and backward (measured in ``bench``); the products
+        are :func:`streams_linear`."""
         if (
             m.dim() == 3
             and m.shape[1] == 1
@@ -136,16 +136,29 @@ class _Modulated(nn.Module):
             and x.shape[-2] > 1
             and x[..., 0].numel() > m.shape[0] * self.out_features
         ):
-            U = m.shape[0]
-            xu = x.movedim(-3, 0)  # (U, ..., T, d_in): a view if x is stored function-major
-            rows = xu.shape[1:-1]
-            k = _row_blocks(U, xu[..., 0].numel() // U, x.device)
-            xu = xu.reshape(U * k, -1, self.in_features)  # k blocks of rows per function
-            w = m[:, 0, None, :] * self.weight  # (U, d_out, d_in)
-            wt = w.transpose(1, 2).repeat_interleave(k, dim=0) if k > 1 else w.transpose(1, 2)
-            y = torch.bmm(xu, wt) if self.bias is None else torch.baddbmm(self.bias, xu, wt)
-            return y.view(U, *rows, self.out_features).movedim(0, -3)
+            return streams_linear(x, self.stream_weight(m), self.bias)
         return F.linear(x * m, self.weight, self.bias)
+
+
+def streams_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``y_u = x_u W_u^T + b`` for every function stream ``u``: x ``(..., U, T, d_in)``, weight
+    ``(U, d_out, d_in)`` (one matrix per function), bias ``(d_out,)``  ->  ``(..., U, T, d_out)``.
+
+    The ``U`` products are one ``baddbmm`` with the bias added inside it (in :func:`_row_blocks`
+    blocks of rows per function), and the result is a view of its ``(U, ..., T, d_out)`` memory,
+    not copied back; ``x`` stored function-major (a ``movedim`` of ``(U, ..., T, d_in)`` memory)
+    is read without a copy. On two CPU cores (torch 2.13), against an ``einsum`` then the bias:
+    ModLin forward + backward at chapter 6's attention shape (x 64x5x18x64) went from 1.73x to
+    1.39x ``nn.Linear``'s time, and the cpu digits NI training step from ~50 to ~46 ms."""
+    U, d_out, d_in = weight.shape
+    xu = x.movedim(-3, 0)  # (U, ..., T, d_in): a view if x is stored function-major
+    rows = xu.shape[1:-1]
+    k = _row_blocks(U, xu[..., 0].numel() // U, x.device)
+    xu = xu.reshape(U * k, -1, d_in)  # k blocks of rows per function
+    wt = weight.transpose(1, 2)
+    wt = wt.repeat_interleave(k, dim=0) if k > 1 else wt
+    y = torch.bmm(xu, wt) if bias is None else torch.baddbmm(bias, xu, wt)
+    return y.view(U, *rows, d_out).movedim(0, -3)
 
 
 class ModLin(_Modulated):
