@@ -219,23 +219,23 @@ def _largest_saved(attn, x, codes, compat, bias=None) -> int:
 
 @pytest.mark.parametrize("T", [6, 70])
 def test_modattn_fused_saves_no_attention_weights(T):
-    B, U, H = 2, 3, 2
+    # (a batch of 8: the fused path's stacked q, k, v weights, 8 x 24 numbers per function and row
+    # block whatever the batch, must not pass for attention weights at 6 tokens)
+    B, U, H = 8, 3, 2
     attn = modnets.ModAttn(8, 4, num_heads=H)
     x = torch.randn(B, U, T, 8, requires_grad=True)
     codes, compat = torch.randn(U, 4), torch.rand(B, U, T)
     weights = B * U * H * T * T
-    if T > 3 * attn.dim:  # (at 6 tokens the 432 weights are fewer than the stacked q, k, v)
-        attn.fused = True
-        assert _largest_saved(attn, x, codes, compat) < weights
-        attn.fused = False  # the reference keeps them: the check can fail
-        assert _largest_saved(attn, x, codes, compat) >= weights
-    attn.fused = False
+    attn.fused = True
+    assert _largest_saved(attn, x, codes, compat) < weights
+    attn.fused = False  # the reference keeps them: the check can fail
+    assert _largest_saved(attn, x, codes, compat) >= weights
     assert _saved_weights(attn, x, codes, compat)  # (the shape check below can fail too)
     attn.fused = True
     assert not _saved_weights(attn, x, codes, compat)
     attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
     fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
-    assert (not _saved_weights(attn, x, codes, compat)) == fused_here
+    assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
 
 
 def test_modattn_fused_projects_q_k_v_in_one_product():
