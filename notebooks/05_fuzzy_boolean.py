@@ -55,7 +55,7 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments.claims import claims_table, verdict_sentences
+from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
 from modnets.experiments.results import results_path, save_results
 from modnets.utils import show, wrap
 from modnets.viz import draw_routing
@@ -587,7 +587,9 @@ display(Markdown(budget.table(budget.estimate(fb.NAME), markdown=True)))
 # is `inconclusive`.
 
 # %%
-display(claims_table(results["claims"]))
+display(Markdown(regime_sentence(results)))
+display(claims_table(results["claims"], "paper"))
+display(claims_table(results["claims"], "ours"))
 display(Markdown(verdict_sentences(results["claims"])))
 print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"]))
 

@@ -58,7 +58,7 @@ from sklearn.manifold import TSNE
 import modnets
 from modnets import diagnostics
 from modnets.experiments import digits
-from modnets.experiments.claims import claims_table, verdict_sentences
+from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
 from modnets.experiments.results import results_path, save_results
 
 PROFILE = modnets.get_profile()
@@ -559,7 +559,9 @@ display(Markdown(budget.table(budget.estimate(digits.NAME), markdown=True)))
 # pretraining seeds of three models included; the `gpu` profile restores the paper's settings.
 
 # %%
-display(claims_table(results["claims"]))
+display(Markdown(regime_sentence(results)))
+display(claims_table(results["claims"], "paper"))
+display(claims_table(results["claims"], "ours"))
 display(Markdown(verdict_sentences(results["claims"])))
 print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"]))
 

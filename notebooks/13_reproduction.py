@@ -24,52 +24,99 @@ if "google.colab" in sys.modules:
     )
 
 # %% [markdown]
-# # 13. Reproduction: every claim beside the paper's
+# # 13. Reproduction: the papers' claims, with the power to decide them
 #
-# This page collects, per paper, each claim the book tests: the paper's number, this book's number
-# at the active profile (mean ± sd over seeds), the rule that decides, the computed verdict, and
-# the command that runs the experiment at the papers' scale. Nothing here is typed in: every row is
-# read from the JSON files that the experiment chapters write
-# (`_build/results/<experiment>_<profile>.json`) and every verdict is computed by
-# `modnets.experiments.claims` from the 95 % t-interval over seeds, so the page is only as current
-# as the last run of those chapters. A claim the offline data cannot test says so (`not testable
-# here`, with the reason); SVHN, Tiny-ImageNet-R, the full Tiny-ImageNet train split, ImageNet,
-# CUB/CIFAR few-shot, NLVR2 and point clouds are not in the offline data.
+# This page collects, per paper, each claim the book tests. A row of kind *paper* quotes a claim
+# the paper makes, with its source and its own number (`paper effect`, in the units of the tested
+# quantity; for a claim made only in a figure, the smallest effect its words imply, declared
+# before any run). Rows of kind *ours* are questions this book asks; they are shown apart and
+# never counted as reproductions. Nothing is typed in: every row is read from the JSON files the
+# experiment chapters write (`_build/results/<experiment>_<profile>.json`), and every verdict is
+# computed by `modnets.experiments.claims` from a rule declared in
+# `modnets.experiments.rules`:
+#
+# * **verdict**: `reproduced` when the 95 % t-interval over seeds lies wholly on the claim's side of
+#   its threshold (an equivalence: two one-sided tests within the margin), `not reproduced` when
+#   wholly on the other side, `inconclusive` otherwise, `not testable here` when the data are
+#   missing offline or the models missed the regime the claim presupposes;
+# * **mde**: the smallest effect (beyond the threshold) the test detects with 80 % power at the
+#   seeds and spread of this run (`statsmodels`). An `inconclusive` row says whether it is
+#   *underpowered* (mde above the paper's effect, with the seeds that would do) or *smaller than
+#   the paper's effect*;
+# * **Holm**: the verdict after Holm's correction over all the paper's tested claims.
 
 # %%
+import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from modnets.experiments.claims import PAPERS, reproduction, verdict_counts
+from modnets.experiments import report
 from modnets.profiles import get_profile
 
 PROFILE = get_profile()
 print("profile:", PROFILE)
 
+
+def show_paper(paper: str) -> list:
+    names = report.PAPERS[paper]
+    claims, results, missing = report.load_claims(names, PROFILE)
+    for m in missing:
+        print("missing:", m)
+    for name, r in results.items():
+        seeds, sel = r["seeds"], r["selection_seeds"] or "none"
+        display(Markdown(f"`{name}`: claim seeds {seeds}, selection seeds {sel}. "
+                         + report.regime_sentence(r) + " Run it: `python -m "
+                         f"modnets.experiments.{name} --profile {PROFILE}`; at the papers' "
+                         f"scale: `{report.paper_scale_command(name)}`."))  # fmt: skip
+    display(Markdown(report.paper_sentence(paper, claims)))
+    display(report.claims_table(claims, "paper"))
+    return claims
+
+
+def forest(claims: list) -> None:
+    if any(c["kind"] == "paper" and c.get("interval") for c in claims):
+        report.forest_plot(claims, "paper")
+        plt.show()
+
+
 # %% [markdown]
 # ## Neural Interpreters
 #
-# The claims of {cite}`rahaman2021interpreters`, tested in chapter 5 (fuzzy Boolean expressions, NI
-# Table 1) and chapter 6 (digits, NI §4.2).
+# The claims of {cite}`rahaman2021interpreters`, tested in chapter 5 (fuzzy Boolean expressions,
+# NI Table 1) and chapter 6 (digits, NI §4.2).
 
 # %%
-table, claims, missing = reproduction(PAPERS["Neural Interpreters"], PROFILE)
-for m in missing:
-    print("missing:", m)
-display(Markdown(f"**{verdict_counts(claims)}** at the `{PROFILE}` profile."))
-table
+ni = show_paper("Neural Interpreters")
+
+# %% [markdown]
+# In the forest plot each tested claim is a row, in its own units and turned so that the paper's
+# side is to the right of 0 (its threshold): ours is the dot with its 95 % interval, the paper's
+# effect the open diamond, and the black tick marks the mde, the smallest effect these seeds
+# detect. An interval clear of 0 decides; a diamond left of the tick means the test could not
+# have seen the paper's effect.
+
+# %% tags=["hide-input"]
+forest(ni)
+
+# %% [markdown]
+# Our own checks on these experiments (never counted as reproductions):
+
+# %%
+report.claims_table(ni, "ours")
 
 # %% [markdown]
 # ## Neural Attentive Circuits
 #
-# The claims of {cite}`weiss2022circuits`, tested in chapter 10 (Tiny-ImageNet, NAC Table 1, Figs.
-# 5, 10, 15).
+# The claims of {cite}`weiss2022circuits`, tested in chapter 10 (Tiny-ImageNet, NAC Table 1,
+# §4.1 and App. F).
 
 # %%
-table, claims, missing = reproduction(PAPERS["Neural Attentive Circuits"], PROFILE)
-for m in missing:
-    print("missing:", m)
-display(Markdown(f"**{verdict_counts(claims)}** at the `{PROFILE}` profile."))
-table
+nac = show_paper("Neural Attentive Circuits")
+
+# %% tags=["hide-input"]
+forest(nac)
+
+# %%
+report.claims_table(nac, "ours")
 
 # %% [markdown]
 # ## Neural Function Modules
@@ -77,18 +124,26 @@ table
 # The claims of {cite}`lamb2021nfm`, tested in chapter 11 (stacked MNIST, NFM §4.2, Table 5).
 
 # %%
-table, claims, missing = reproduction(PAPERS["Neural Function Modules"], PROFILE)
-for m in missing:
-    print("missing:", m)
-display(Markdown(f"**{verdict_counts(claims)}** at the `{PROFILE}` profile."))
-table
+nfm = show_paper("Neural Function Modules")
+
+# %% tags=["hide-input"]
+forest(nfm)
 
 # %% [markdown]
-# ## What we learned: reading these tables
+# ## The rule-change log
 #
-# The `cpu` profile trains for minutes on two CPU cores, on reduced data and smaller models, so its
-# absolute numbers sit below the papers'. The claims to check at this scale are the *comparisons*
-# (NI vs ViT, NAC vs Perceiver IO, dropped vs full, NFM vs its base network), each over at least
-# three seeds: a difference inside seed noise is `inconclusive`, counted neither for nor against the paper. Each
-# chapter prints, beside its claims, the diagnostics of the mechanism the claim relies on; the
-# `reproduce at scale` column gives the command that runs the paper-scale version.
+# Every rule above is pinned: a test compares each rule's fingerprint with the newest entry for it
+# in this log, so no rule changes without an entry saying what changed, when, why, and whether
+# results had been seen by then.
+
+# %%
+report.rule_log_table()
+
+# %% [markdown]
+# ## Reading these tables
+#
+# The `cpu` profile trains for minutes on two CPU cores, on reduced data and smaller models, so
+# its absolute numbers sit below the papers'. What it can test is the papers' *comparisons*, and
+# only where its models reach the regime each claim presupposes (each experiment states it
+# above). Where a row is `inconclusive` and underpowered, the `gpu` profile (the papers'
+# settings, more seeds at the same cost per seed on a GPU) is what would decide it.

@@ -14,7 +14,7 @@ from torch import nn
 from modnets import probes
 from modnets.experiments import claims as cl
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments import harness
+from modnets.experiments import harness, report
 from modnets.ni import NeuralInterpreter, NIConfig
 from modnets.training import TrainConfig, fit
 
@@ -254,38 +254,38 @@ def test_decide(values, threshold, direction, verdict):
     assert cl.decide(values, threshold, direction)[0] == verdict
 
 
-def test_comparison_is_paired_by_seed():
+def test_paired_claim_is_paired_by_seed():
     # B is far noisier across seeds than A - B: pairing sees the consistent difference
     a, b = [0.50, 0.70, 0.90], [0.49, 0.68, 0.885]
-    c = cl.comparison_claim("x", "A beats B", "Fig. 1", "A > B", a, b, names=("A", "B"),
-                            quantity="accuracy")  # fmt: skip
+    c = cl.paired("table5-2", a, b, ("A", "B"))
     assert c.verdict == "reproduced" and c.values == pytest.approx([0.01, 0.02, 0.015])
+    assert c.kind == "paper" and "A 70.0 pts" in c.ours and "B 68.5 pts" in c.ours
     with pytest.raises(ValueError, match="one value per seed"):
-        cl.comparison_claim("x", "t", "s", "p", [1, 2], [1], names=("A", "B"), quantity="q")
+        cl.paired("table5-2", [1, 2], [1], ("A", "B"))
 
 
-def test_untestable_precondition_and_rendering():
-    u = cl.untestable("svhn", "Uses SVHN", "NI §4.2", "SVHN", "not available offline")
-    assert u.verdict == "not testable here"
-    c = cl.threshold_claim("t", "T", "Table 1", "1.0", [0.2, 0.21, 0.22], quantity="q",
-                           threshold=0.1)  # fmt: skip
-    gated = cl.precondition(c, holds=False, reason="no dip to close")
-    assert gated.verdict == "inconclusive" and gated.ours == c.ours
-    assert cl.precondition(c, holds=True, reason="-") is c
-    html = cl.claims_table([u, c]).to_html()
+def test_untestable_and_rendering():
+    u = cl.untestable("svhn", "not available offline")
+    assert u.verdict == "not testable here" and u.kind == "paper"
+    c = cl.test("ours-least-vs-most", [0.2, 0.21, 0.22])
+    assert c.kind == "ours" and c.verdict == "reproduced"
+    html = report.claims_table([u, c]).to_html()
     assert "not testable here" in html and "#d4edda" in html  # verdicts coloured
-    text = cl.verdict_sentences([u, c])
-    assert "**reproduced**" in text and "not available offline" in text
+    text = report.verdict_sentences([u, c])
+    assert "**reproduced**" in text and "not available offline" in text and "[ours]" in text
     with pytest.raises(ValueError, match="verdict"):
-        cl.Claim("i", "t", "s", "p", "o", "r", "maybe")
+        cl.Claim("i", "paper", "t", "s", "p", "o", "r", "maybe")
+    with pytest.raises(ValueError, match="kind"):
+        cl.Claim("i", "mine", "t", "s", "p", "o", "r", "reproduced")
 
 
 # ----------------------------------------------------------------------------- schema
 
 
 def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
+    reg = harness.regime("r", {})
     ok = harness.results_dict("x", "smoke", fb.CONFIGS["smoke"], [0, 1], {}, {}, [],
-                              {"code_fingerprint": "f"})  # fmt: skip
+                              {"code_fingerprint": "f"}, selection_seeds=[7], regime=reg)  # fmt: skip
     assert tuple(ok) == harness.SCHEMA and ok["config"]["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="keys"):
         harness.check_results({k: v for k, v in ok.items() if k != "claims"})
@@ -293,6 +293,10 @@ def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
         harness.check_results({**ok, "models": {"NI": nn.Linear(1, 1)}})
     with pytest.raises(ValueError, match="lacks"):
         harness.check_results({**ok, "claims": [{"id": "a"}]})
+    with pytest.raises(ValueError, match="both claim and selection seeds"):
+        harness.check_results({**ok, "selection_seeds": [1]})
+    with pytest.raises(ValueError, match="regime lacks"):
+        harness.check_results({**ok, "regime": {}})
 
 
 # ----------------------------------------------------------------------------- probes
@@ -391,15 +395,22 @@ def test_a_resumed_fit_logs_the_same_curve(tmp_path):
     torch.testing.assert_close(model.weight, straight_model.weight, rtol=0, atol=0)
 
 
-def test_reproduction_reads_every_claim_from_the_results_files(tmp_path):
-    claim = cl.threshold_claim("t", "T", "NI Table 1", "1.0", [0.2, 0.21, 0.22], quantity="q",
-                               threshold=0.1)  # fmt: skip
-    results = harness.results_dict("fuzzy_boolean", "cpu", {}, [0, 1, 2], {}, {}, [claim], {})
+def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path):
     from modnets.experiments.results import results_path, save_results
 
-    save_results(results, results_path("fuzzy_boolean", "cpu", tmp_path))
-    table, claims, missing = cl.reproduction(("fuzzy_boolean", "digits"), "cpu", tmp_path)
-    assert [c["id"] for c in claims] == ["t"] and len(missing) == 1 and "digits" in missing[0]
-    html = table.to_html()
-    assert "<code>python -m modnets.experiments.fuzzy_boolean --profile gpu</code>" in html
-    assert cl.verdict_counts(claims) == "1 reproduced"
+    a = cl.holm([cl.test("table1-type-beats-cls", [0.05, 0.3, 0.2, 0.25, 0.02])], "fuzzy")
+    b = cl.holm([cl.test("fig5a-ni-vs-vit", [0.05, 0.4, 0.1, 0.3, 0.02])], "digits")
+    for name, claims in (("fuzzy_boolean", a), ("digits", b)):
+        results = harness.results_dict(name, "cpu", {}, [0, 1, 2, 3, 4], {}, {}, claims, {},
+                                       regime=harness.regime("r", {}))  # fmt: skip
+        save_results(results, results_path(name, "cpu", tmp_path))
+    assert a[0].verdict_holm == "reproduced"  # alone in its experiment's family
+    paper, ours, claims, missing = report.reproduction(("fuzzy_boolean", "digits"), "cpu", tmp_path)
+    assert [c["id"] for c in claims] == ["table1-type-beats-cls", "fig5a-ni-vs-vit"] and not missing
+    # over the paper's family (both experiments: p = 0.041 and 0.080) 0.041 no longer survives
+    assert claims[0]["verdict"] == "reproduced" and claims[0]["verdict_holm"] == "inconclusive"
+    assert (
+        "mde" in paper.to_html() and report.verdict_counts(claims) == "1 reproduced, 1 inconclusive"
+    )
+    _, _, _, missing = report.reproduction(("tiny_imagenet",), "cpu", tmp_path)
+    assert len(missing) == 1 and "tiny_imagenet" in missing[0]

@@ -1,21 +1,25 @@
-"""Claims as code: every verdict in the book is computed here, by one rule.
+"""Claims as code: every verdict in the book is computed here, from a rule declared in advance.
 
-A claim names what a paper says (``paper``, with its ``source``: "Table 1", "Fig. 5a"), what we
-measured (``ours``, mean ± sd over seeds), the pre-declared test (``rule``) and the ``verdict``.
-The verdict comes from the 95 % t-interval (``scipy.stats``) over seeds of one quantity: ours
-minus a threshold (:func:`threshold_claim`), or A minus B, paired by seed
-(:func:`comparison_claim`):
+A rule (:class:`modnets.experiments.rules.Rule`) says what is tested: a quantity, measured once
+per seed, against a threshold, in a direction (``>``, ``<``), or signed within a margin
+(``equivalent``). Rules of kind ``"paper"`` quote a claim of a paper with its own number
+(``paper_effect``, in the units of the tested quantity); rules of kind ``"ours"`` are questions of
+this book and never count as reproductions. This module turns a rule and its per-seed values
+into a :class:`Claim`:
 
-* ``reproduced``      -- the interval lies wholly on the paper's side;
-* ``not reproduced``  -- it lies wholly on the other side;
-* ``inconclusive``    -- it straddles the threshold (or there is one seed only, or every seed
-  gave the same value, so that there is no spread to build an interval from);
-* ``not testable here`` -- the test needs something this setting lacks (:func:`untestable`), or a
-  precondition of the test does not hold (:func:`precondition`).
+* ``reproduced``       -- the 95 % t-interval over seeds lies wholly on the claim's side of the
+  threshold (for an equivalence: the two one-sided tests (TOST) put the 90 % interval inside
+  the margin);
+* ``not reproduced``   -- the interval lies wholly on the other side (outside the margin);
+* ``inconclusive``     -- neither; the ``reason`` says whether the test was *underpowered* (its
+  minimal detectable effect ``mde`` at 80 % power exceeds the paper's effect, with the number of
+  seeds that would do) or the effect is *smaller than the paper's*;
+* ``not testable here`` -- the setting lacks something the test needs (:func:`untestable`), or
+  the models missed the regime the claim presupposes (:func:`outside_regime`).
 
-Each experiment module writes its rules in ``claims(results)`` before its numbers are seen; the
-chapters render them with :func:`claims_table` and state verdicts only through
-:func:`verdict_sentences`.
+Every tested claim carries its p-value; :func:`holm` adds ``verdict_holm``, the verdict after
+Holm's correction within a family (one paper's claims). Power, TOST and Holm come from
+``statsmodels``; intervals from ``scipy``.
 """
 
 from __future__ import annotations
@@ -24,38 +28,47 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+
 from modnets.experiments.harness import seed_stats
+from modnets.experiments.rules import RULES, Rule
 
 __all__ = [
     "VERDICTS",
+    "KINDS",
     "CLAIM_FIELDS",
+    "ALPHA",
+    "POWER",
     "Claim",
     "decide",
-    "threshold_claim",
-    "comparison_claim",
+    "mde",
+    "seeds_needed",
+    "test",
+    "sides",
+    "paired",
     "untestable",
-    "precondition",
-    "claims_frame",
-    "claims_table",
-    "verdict_sentences",
-    "PAPERS",
-    "paper_scale_command",
-    "reproduction",
-    "verdict_counts",
+    "outside_regime",
+    "holm",
 ]
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable here")
-CLAIM_FIELDS = ("id", "text", "source", "paper", "ours", "rule", "verdict")
-DIRECTIONS = {">": "above", "<": "below"}
-COLOURS = {"reproduced": "#d4edda", "not reproduced": "#f8d7da", "inconclusive": "#fff3cd",
-           "not testable here": "#e2e3e5"}  # fmt: skip
+KINDS = ("paper", "ours")
+CLAIM_FIELDS = ("id", "kind", "text", "source", "paper", "ours", "rule", "verdict")
+ALPHA = 0.05  # two-sided: the 95 % interval decides
+POWER = 0.8  # the power at which the minimal detectable effect is stated
+MAX_SEEDS = 1000  # seeds_needed caps its search here
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim of a paper and its computed verdict (see the module docstring)."""
+    """One rule's outcome (see the module docstring). ``paper_effect``, ``threshold``, ``mde``
+    and ``interval`` are in the units of the tested quantity (unscaled)."""
 
     id: str
+    kind: str
     text: str
     source: str
     paper: str
@@ -65,27 +78,47 @@ class Claim:
     reason: str = ""
     interval: list | None = None  # the 95 % t-interval of the tested quantity
     values: list = field(default_factory=list)  # the tested quantity, one value per seed
+    test: str = ">"
+    threshold: float | None = None
+    paper_effect: float | None = None
+    mde: float | None = None  # the smallest effect (distance from the threshold) seen at 80 %
+    seeds_needed: int | None = None  # seeds that would see the paper's effect at 80 % power
+    vs_paper: str = "-"
+    p_value: float | None = None
+    verdict_holm: str = ""
+    holm_family: str = ""
+    scale: float = 1.0
+    unit: str = ""
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def decide(values: Sequence[float], threshold: float = 0.0, direction: str = ">",
-           confidence: float = 0.95) -> tuple[str, list | None, str]:  # fmt: skip
+# ----------------------------------------------------------------------------- the tests
+
+
+def decide(
+    values: Sequence[float],
+    threshold: float = 0.0,
+    direction: str = ">",
+    confidence: float = 1 - ALPHA,
+) -> tuple[str, list | None, str]:
     """``(verdict, interval, reason)`` for "the quantity is ``direction`` ``threshold``", from the
     ``confidence`` t-interval over the per-seed ``values``."""
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {tuple(DIRECTIONS)}, got {direction!r}")
+    if direction not in (">", "<"):
+        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
     s = seed_stats(values, confidence)
     if not all(math.isfinite(v) for v in s["values"]):
         return "inconclusive", None, "a seed gave a non-finite value: no interval"
     if s["ci"] is None:
         return "inconclusive", None, "one seed: no interval, so no verdict"
-    if s["sd"] == 0.0:  # e.g. accuracies on a tiny set, equal on every seed: no spread measured
+    if s["sd"] == 0.0:
         return "inconclusive", s["ci"], "the same value on every seed: no spread, so no interval"
     lo, hi = s["ci"]
     above, below = lo > threshold, hi < threshold
@@ -94,147 +127,237 @@ def decide(values: Sequence[float], threshold: float = 0.0, direction: str = ">"
         return "reproduced", s["ci"], ""
     if other_side:
         return "not reproduced", s["ci"], ""
-    return "inconclusive", s["ci"], "the interval contains the threshold: within seed noise"
+    return "inconclusive", s["ci"], "the interval contains the threshold"
 
 
-def _ours(s: dict, scale: float, digits: int, unit: str) -> str:
-    return f"{scale * s['mean']:.{digits}f} ± {scale * s['sd']:.{digits}f}{unit} (n={s['n']})"
+def _power_args(equivalence: bool) -> dict:
+    # TOST passes when both one-sided tests do: each at power (1 + POWER) / 2
+    if equivalence:
+        return dict(alpha=ALPHA, power=(1 + POWER) / 2, alternative="larger")
+    return dict(alpha=ALPHA, power=POWER, alternative="two-sided")
 
 
-def _rule(quantity: str, direction: str, threshold: float, scale: float, digits: int,
-          unit: str) -> str:  # fmt: skip
-    side = DIRECTIONS[direction]
-    return (f"{quantity} {direction} {scale * threshold:.{digits}f}{unit}: reproduced if the 95 % "
-            f"t-interval over seeds lies wholly {side}, not reproduced if wholly on the other "
-            "side, else inconclusive")  # fmt: skip
+def mde(sd: float, n: int, equivalence: bool = False) -> float | None:
+    """The minimal detectable effect of a one-sample t-test over ``n`` seeds with spread ``sd``:
+    the distance from the threshold found with :data:`POWER` at the two-sided :data:`ALPHA`
+    (``statsmodels`` ``TTestPower``). For an equivalence (TOST, each side at :data:`ALPHA`), the
+    smallest margin shown with that power when the true difference is 0."""
+    if n < 2 or not math.isfinite(sd) or sd <= 0:
+        return None
+    d = TTestPower().solve_power(nobs=n, **_power_args(equivalence))
+    return float(np.squeeze(d)) * sd
 
 
-def threshold_claim(id: str, text: str, source: str, paper: str, values: Sequence[float], *,
-                    quantity: str, threshold: float, direction: str = ">", scale: float = 1.0,
-                    digits: int = 3, unit: str = "") -> Claim:  # fmt: skip
-    """Ours (one value per seed) against a fixed ``threshold``. ``scale``, ``digits`` and
-    ``unit`` only format the numbers (e.g. ``scale=100, unit=" %"``)."""
-    verdict, interval, reason = decide(values, threshold, direction)
+def seeds_needed(effect: float, sd: float, equivalence: bool = False) -> int | None:
+    """Seeds that give :data:`POWER` to detect ``effect`` (a distance from the threshold, or the
+    margin of an equivalence) at spread ``sd``; None past :data:`MAX_SEEDS`."""
+    if not (math.isfinite(sd) and sd > 0 and effect > 0):
+        return None
+
+    def ok(n: int) -> bool:
+        m = mde(sd, n, equivalence)
+        return m is not None and m <= effect
+
+    if not ok(MAX_SEEDS):
+        return None
+    lo, hi = 1, 2  # ok(hi) by the end; never ok(lo)
+    while not ok(hi):
+        lo, hi = hi, min(2 * hi, MAX_SEEDS)
+    while hi - lo > 1:  # the mde falls with n: bisect for the first n that is ok
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def _tost(values: np.ndarray, margin: float) -> tuple[str, list | None, float, str]:
+    """Equivalence within ``±margin``: TOST at :data:`ALPHA` (90 % interval inside the margin)
+    reproduces; the 95 % interval wholly outside it does not."""
+    from statsmodels.stats.weightstats import DescrStatsW
+
     s = seed_stats(values)
-    return Claim(id, text, source, paper, _ours(s, scale, digits, unit),
-                 _rule(quantity, direction, threshold, scale, digits, unit), verdict, reason,
-                 interval, s["values"])  # fmt: skip
+    if s["ci"] is None or s["sd"] == 0.0:
+        return "inconclusive", s["ci"], float("nan"), "no spread over seeds: no interval"
+    p, _, _ = DescrStatsW(values).ttost_mean(-margin, margin)
+    lo, hi = s["ci"]
+    if p < ALPHA:
+        return "reproduced", s["ci"], float(p), ""
+    if lo > margin or hi < -margin:
+        side = margin if lo > margin else -margin
+        return "not reproduced", s["ci"], float(stats.ttest_1samp(values, side).pvalue), ""
+    return "inconclusive", s["ci"], float(p), "the interval is not inside the margin"
 
 
-def comparison_claim(id: str, text: str, source: str, paper: str, a: Sequence[float],
-                     b: Sequence[float], *, names: tuple[str, str], quantity: str,
-                     direction: str = ">", margin: float = 0.0, scale: float = 1.0,
-                     digits: int = 3, unit: str = "") -> Claim:  # fmt: skip
-    """A against B, paired by seed: the tested quantity is ``a - b`` (against ``margin``)."""
+def _fmt(x: float, rule: Rule) -> str:
+    return f"{rule.scale * x:.{rule.digits}f}{rule.unit}"
+
+
+def _ours(values: Sequence[float], rule: Rule) -> str:
+    s = seed_stats(values)
+    return f"{_fmt(s['mean'], rule)} ± {rule.scale * s['sd']:.{rule.digits}f} (n={s['n']})"
+
+
+def test(
+    rule_id: str, values: Sequence[float], ours: str | None = None, rules: dict | None = None
+) -> Claim:
+    """The claim of rule ``rule_id`` (from :data:`~modnets.experiments.rules.RULES`, or
+    ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
+    summary (e.g. to show both sides of a comparison)."""
+    rule = (RULES if rules is None else rules)[rule_id]
+    v = np.asarray([float(x) for x in values], dtype=float)
+    s = seed_stats(v)
+    equivalence = rule.test == "equivalent"
+    if equivalence:
+        verdict, interval, p, reason = _tost(v, rule.threshold)
+    else:
+        verdict, interval, reason = decide(v, rule.threshold, rule.test)
+        finite = v.size > 1 and np.isfinite(v).all() and s["sd"] > 0
+        p = float(stats.ttest_1samp(v, rule.threshold).pvalue) if finite else float("nan")
+    m = mde(s["sd"], s["n"], equivalence) if np.isfinite(v).all() else None
+    distance = _paper_distance(rule)
+    needed = seeds_needed(distance, s["sd"], equivalence) if distance is not None else None
+    vs = _vs_paper(rule, interval)
+    if verdict == "inconclusive" and interval is not None and reason:
+        reason = _why_inconclusive(rule, reason, m, distance, needed, vs, s["n"])
+    return Claim(
+        rule.id,
+        rule.kind,
+        rule.text,
+        rule.source,
+        rule.paper,
+        ours or _ours(v, rule),
+        rule.describe(),
+        verdict,
+        reason,
+        interval,
+        s["values"],
+        rule.test,
+        rule.threshold,
+        rule.paper_effect,
+        m,
+        needed,
+        vs,
+        None if math.isnan(p) else p,
+        scale=rule.scale,
+        unit=rule.unit,
+    )
+
+
+def _paper_distance(rule: Rule) -> float | None:
+    """How far the paper's effect lies from the threshold, on the claim's side (an equivalence:
+    its margin); None where the paper gives no number."""
+    if rule.test == "equivalent":
+        return rule.threshold
+    if rule.paper_effect is None:
+        return None
+    d = rule.paper_effect - rule.threshold
+    return d if rule.test == ">" else -d
+
+
+def _vs_paper(rule: Rule, interval: list | None) -> str:
+    if rule.paper_effect is None or interval is None:
+        return "-"
+    lo, hi = interval
+    if rule.test == "equivalent":
+        return (
+            "consistent with the paper's" if lo <= rule.paper_effect <= hi else "unlike the paper's"
+        )
+    below, above = hi < rule.paper_effect, lo > rule.paper_effect
+    smaller, larger = (below, above) if rule.test == ">" else (above, below)
+    if smaller:
+        return "smaller than the paper's"
+    return "larger than the paper's" if larger else "consistent with the paper's"
+
+
+def _why_inconclusive(rule: Rule, reason: str, m, distance, needed, vs: str, n: int) -> str:
+    if distance is None or m is None:
+        return reason
+    if m > distance:
+        more = f"{needed} seeds would" if needed else f"over {MAX_SEEDS} seeds would"
+        return (
+            f"underpowered: at n={n} the test detects {_fmt(m, rule)} or more, the "
+            f"paper's effect is {_fmt(distance, rule)}; {more}"
+        )
+    if vs == "smaller than the paper's":
+        return f"{reason}; the effect is smaller than the paper's (mde {_fmt(m, rule)})"
+    return f"{reason}, though the test could see the paper's effect (mde {_fmt(m, rule)})"
+
+
+def sides(
+    a: Sequence[float], b: Sequence[float], names: tuple[str, str], rule_id: str | None = None
+) -> str:
+    """``"A mean ± sd; B mean ± sd"``: both sides of a paired comparison, formatted as rule
+    ``rule_id`` formats its quantity."""
+    rule = RULES[rule_id] if rule_id is not None else None
+    out = []
+    for name, v in zip(names, (a, b), strict=True):
+        st = seed_stats(v)
+        if rule is None:
+            out.append(f"{name} {st['mean']:.3f} ± {st['sd']:.3f}")
+        else:
+            out.append(f"{name} {_fmt(st['mean'], rule)} ± {rule.scale * st['sd']:.{rule.digits}f}")
+    return "; ".join(out)
+
+
+def paired(rule_id: str, a: Sequence[float], b: Sequence[float], names: tuple[str, str]) -> Claim:
+    """Rule ``rule_id`` tested on ``a - b``, paired by seed, both sides shown in ``ours``."""
     if len(a) != len(b):
         raise ValueError(f"a and b must have one value per seed each, got {len(a)} and {len(b)}")
     diffs = [x - y for x, y in zip(a, b, strict=True)]
-    verdict, interval, reason = decide(diffs, margin, direction)
-    sa, sb, sd = seed_stats(a), seed_stats(b), seed_stats(diffs)
-    ours = (f"{names[0]} {_ours(sa, scale, digits, unit)}; {names[1]} "
-            f"{_ours(sb, scale, digits, unit)}; difference {_ours(sd, scale, digits, unit)}")  # fmt: skip
-    rule = _rule(f"{quantity} ({names[0]} − {names[1]}, paired by seed)", direction, margin,
-                 scale, digits, unit)  # fmt: skip
-    return Claim(id, text, source, paper, ours, rule, verdict, reason, interval, sd["values"])
+    s = seed_stats(diffs)
+    rule = RULES[rule_id]
+    diff = f"difference {_fmt(s['mean'], rule)} ± {rule.scale * s['sd']:.{rule.digits}f}"
+    return test(rule_id, diffs, f"{sides(a, b, names, rule_id)}; {diff} (n={s['n']})")
 
 
-def untestable(id: str, text: str, source: str, paper: str, reason: str, rule: str = "-") -> Claim:
-    """A claim this setting cannot test (missing data, ...), with the reason."""
-    return Claim(id, text, source, paper, "-", rule, "not testable here", reason)
+def untestable(rule_id: str, reason: str, rules: dict | None = None) -> Claim:
+    """Rule ``rule_id`` where this setting cannot test it (missing data, ...), with the reason."""
+    rule = (RULES if rules is None else rules)[rule_id]
+    return Claim(
+        rule.id,
+        rule.kind,
+        rule.text,
+        rule.source,
+        rule.paper,
+        "-",
+        rule.describe(),
+        "not testable here",
+        reason,
+        test=rule.test,
+        threshold=rule.threshold,
+        paper_effect=rule.paper_effect,
+        scale=rule.scale,
+        unit=rule.unit,
+    )
 
 
-def precondition(claim: Claim, holds: bool, reason: str) -> Claim:
-    """``claim`` as computed when its test's precondition ``holds``; otherwise the same numbers
-    with verdict ``inconclusive`` and ``reason`` (e.g. the effect to be removed is not there)."""
-    if holds:
+def outside_regime(claim: Claim, regime: dict) -> Claim:
+    """``claim`` unchanged where the experiment's models reached the regime its claims presuppose
+    (``regime["reached"]``); otherwise ``not testable here`` with the measured shortfall, its
+    numbers kept."""
+    if regime["reached"]:
         return claim
-    return replace(claim, verdict="inconclusive", reason=reason)
+    return replace(
+        claim,
+        verdict="not testable here",
+        verdict_holm="not testable here",
+        reason=f"outside the paper's regime: {regime['shortfall']}",
+    )
 
 
-# ----------------------------------------------------------------------------- rendering
-
-
-def _as_claims(claims) -> list[dict]:
-    return [c.as_dict() if isinstance(c, Claim) else dict(c) for c in claims]
-
-
-def claims_frame(claims):
-    """A ``pandas.DataFrame``: one row per claim."""
-    import pandas as pd
-
-    rows = [{"claim": c["text"], "source": c["source"], "paper": c["paper"], "ours": c["ours"],
-             "rule": c["rule"], "verdict": c["verdict"] + (f" ({c['reason']})" if c.get("reason") else "")}
-            for c in _as_claims(claims)]  # fmt: skip
-    return pd.DataFrame(rows, columns=["claim", "source", "paper", "ours", "rule", "verdict"])
-
-
-def claims_table(claims, rule: bool = True, commands: list[str] | None = None):
-    """The claims as an HTML table (a pandas ``Styler``), verdicts coloured; ``commands`` (one
-    per claim) adds a column with the command that reproduces each at the papers' scale."""
-    frame = claims_frame(claims)
-    if not rule:
-        frame = frame.drop(columns="rule")
-    if commands is not None:
-        frame.insert(2, "reproduce at scale", [f"<code>{c}</code>" for c in commands])
-
-    def colour(v: str) -> str:
-        key = next((k for k in sorted(COLOURS, key=len, reverse=True) if v.startswith(k)), "")
-        return f"background-color: {COLOURS[key]}" if key else ""
-
-    return (frame.style.hide(axis="index").map(colour, subset=["verdict"])
-            .set_properties(**{"text-align": "left", "font-size": "0.85em"}))  # fmt: skip
-
-
-def verdict_sentences(claims) -> str:
-    """One Markdown sentence per claim, generated from its verdict: the only place where the
-    chapters state a verdict."""
-    lines = []
-    for c in _as_claims(claims):
-        reason = f" ({c['reason']})" if c.get("reason") else ""
-        lines.append(f"- **{c['text']}** ({c['source']}): **{c['verdict']}**{reason}. "
-                     f"Paper: {c['paper']}; ours: {c['ours']}.")  # fmt: skip
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- chapter 13
-
-#: The experiments whose claims the book tests, by paper.
-PAPERS = {
-    "Neural Interpreters": ("fuzzy_boolean", "digits"),
-    "Neural Attentive Circuits": ("tiny_imagenet",),
-    "Neural Function Modules": ("stacked_mnist",),
-}
-
-
-def paper_scale_command(experiment: str) -> str:
-    """The command that runs ``experiment`` at the papers' settings (its module may name one in
-    ``GPU_COMMAND``, e.g. with ``torchrun``)."""
-    from modnets.experiments.harness import import_experiment
-
-    default = f"python -m modnets.experiments.{experiment} --profile gpu"
-    return getattr(import_experiment(experiment), "GPU_COMMAND", default)
-
-
-def reproduction(experiments, profile: str, folder="_build/results"):
-    """Every claim of ``experiments`` read from their results files
-    (``<folder>/<experiment>_<profile>.json``), one row each with the command that reproduces it
-    at the papers' scale, as an HTML table; and a list of the results files that are missing."""
-    from modnets.experiments.results import load_results, results_path
-
-    claims, commands, missing = [], [], []
-    for name in experiments:
-        path = results_path(name, profile, folder)
-        if not path.exists():
-            missing.append(f"{path} (run its chapter, or `python -m modnets.experiments.{name} "
-                           f"--profile {profile} --out {path}`)")  # fmt: skip
-            continue
-        for c in load_results(path)["claims"]:
-            claims.append(c)
-            commands.append(paper_scale_command(name))
-    return claims_table(claims, rule=False, commands=commands), claims, missing
-
-
-def verdict_counts(claims) -> str:
-    """``"3 reproduced, 1 inconclusive"``: how many claims got each verdict."""
-    counts = {v: sum(c["verdict"] == v for c in _as_claims(claims)) for v in VERDICTS}
-    return ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no claims"
+def holm(claims: Sequence[Claim], family: str) -> list[Claim]:
+    """``claims`` with ``verdict_holm``: the claims of kind ``"paper"`` that were tested (a
+    p-value) get Holm's step-down correction at :data:`ALPHA` (``statsmodels``
+    ``multipletests``) over ``family``; a decisive verdict whose adjusted p-value is not below
+    :data:`ALPHA` becomes ``inconclusive``. Every other claim keeps its verdict."""
+    tested = [
+        i
+        for i, c in enumerate(claims)
+        if c.kind == "paper" and c.p_value is not None and c.verdict != "not testable here"
+    ]
+    out = [replace(c, verdict_holm=c.verdict, holm_family="") for c in claims]
+    if tested:
+        reject = multipletests([claims[i].p_value for i in tested], ALPHA, "holm")[0]
+        for i, r in zip(tested, reject, strict=True):
+            verdict = claims[i].verdict if r else "inconclusive"
+            out[i] = replace(out[i], verdict_holm=verdict, holm_family=family)
+    return out

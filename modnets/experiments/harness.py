@@ -53,13 +53,24 @@ __all__ = [
     "provenance",
     "results_dict",
     "check_results",
+    "regime",
     "DryRun",
     "dry_run",
 ]
 
 #: The keys of every experiment's results, in this order.
-SCHEMA = ("experiment", "profile", "config", "seeds", "models", "diagnostics", "claims",
-          "provenance")  # fmt: skip
+SCHEMA = (
+    "experiment",
+    "profile",
+    "config",
+    "seeds",
+    "selection_seeds",
+    "regime",
+    "models",
+    "diagnostics",
+    "claims",
+    "provenance",
+)
 
 CHECKPOINT_FORMAT = "modnets-model-v2"
 
@@ -337,13 +348,20 @@ def provenance(start: float, code: Sequence = ()) -> dict:
 
 
 def results_dict(experiment: str, profile: str, config, seeds: Sequence[int], models: dict,
-                 diagnostics: dict, claims: list, provenance: dict) -> dict:  # fmt: skip
-    """The results of one experiment in :data:`SCHEMA` (plain JSON throughout)."""
+                 diagnostics: dict, claims: list, provenance: dict, *,
+                 selection_seeds: Sequence[int] = (), regime: dict | None = None) -> dict:  # fmt: skip
+    """The results of one experiment in :data:`SCHEMA` (plain JSON throughout).
+
+    ``selection_seeds``: the seeds any choice of the configuration was made on (sweeps, learning
+    rates); never claim seeds. ``regime``: what the claims presuppose of the trained models
+    (``{"required", "reached", "shortfall", "measured"}``)."""
     out = {
         "experiment": experiment,
         "profile": profile,
         "config": _plain(config),
         "seeds": list(seeds),
+        "selection_seeds": list(selection_seeds),
+        "regime": _plain(regime if regime is not None else {}),
         "models": _plain(models),
         "diagnostics": _plain(diagnostics),
         "claims": [c if isinstance(c, dict) else c.as_dict() for c in claims],
@@ -353,9 +371,14 @@ def results_dict(experiment: str, profile: str, config, seeds: Sequence[int], mo
     return out
 
 
+#: What every results file's ``regime`` holds.
+REGIME_FIELDS = ("required", "reached", "shortfall", "measured")
+
+
 def check_results(results: dict) -> None:
     """Raise ``ValueError`` unless ``results`` has exactly the keys of :data:`SCHEMA`, plain JSON
-    values (no models or tensors) and claims with every field."""
+    values (no models or tensors), claims with every field, disjoint claim and selection seeds
+    and a ``regime``."""
     from modnets.experiments.claims import CLAIM_FIELDS, VERDICTS
 
     if not isinstance(results, dict) or tuple(results) != SCHEMA:
@@ -365,12 +388,32 @@ def check_results(results: dict) -> None:
         json.dumps(results, allow_nan=True)
     except TypeError as err:
         raise ValueError(f"results must be plain JSON (no live objects): {err}") from None
+    shared = set(results["seeds"]) & set(results["selection_seeds"])
+    if shared:
+        raise ValueError(f"seeds {sorted(shared)} are both claim and selection seeds")
+    missing = [f for f in REGIME_FIELDS if f not in results["regime"]]
+    if missing:
+        raise ValueError(f"regime lacks {missing}")
     for c in results["claims"]:
         missing = [f for f in CLAIM_FIELDS if f not in c]
         if missing:
             raise ValueError(f"claim {c.get('id', '?')!r} lacks {missing}")
         if c["verdict"] not in VERDICTS:
             raise ValueError(f"claim {c['id']!r} has verdict {c['verdict']!r}; allowed {VERDICTS}")
+
+
+def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
+    """A results file's ``regime``: ``checks`` maps a name to ``(measured, bar, direction)``
+    (``">="`` or ``"<="``), each measured value the worst over seeds; ``reached`` when every
+    check holds, ``shortfall`` naming those that do not."""
+    failed = []
+    for name, (value, bar, direction) in checks.items():
+        ok = value >= bar if direction == ">=" else value <= bar
+        if not (ok and math.isfinite(value)):
+            failed.append(f"{name} {value:.4g} (needs {direction} {bar:.4g})")
+    measured = {k: {"value": v, "bar": b, "direction": d} for k, (v, b, d) in checks.items()}
+    return {"required": required, "reached": not failed, "shortfall": "; ".join(failed),
+            "measured": measured}  # fmt: skip
 
 
 def import_experiment(name: str) -> ModuleType:

@@ -35,9 +35,10 @@ from modnets.data import data_root
 from modnets.data.digits import load_mnist
 from modnets.data.stacked_mnist import CANVAS_SIZE, StackedMNIST, make_canvases
 from modnets.experiments import harness
-from modnets.experiments.claims import comparison_claim, precondition
+from modnets.experiments.claims import holm, outside_regime, paired, test
 from modnets.experiments.cli import experiment_main
 from modnets.experiments.harness import load_or_train, per_seed, seed_stats
+from modnets.experiments.rules import RULES
 from modnets.nfm import ConvNet
 from modnets.profiles import get_profile, select
 from modnets.training import TrainConfig, autocast, fit, minibatches
@@ -183,6 +184,9 @@ class StackedMNISTConfig:
 
     train: StackedMNISTTrain = StackedMNISTTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
+    # the seeds any setting was chosen on here (none: the cpu protocol comes from pilot runs
+    # recorded in chapter 13's rule-change log); never claim seeds
+    selection_seeds: tuple[int, ...] = ()
     dip_pools: tuple[str, ...] = ("max",)
     test_counts: tuple[int, ...] = (1, 2, 3, 4, 5)
     test_per_count: int = 5_000
@@ -237,11 +241,13 @@ def training_data(train: StackedMNISTTrain, root=None, verify: bool = True) -> d
     return out
 
 
-def load_test_canvases(config: StackedMNISTConfig, root=None, verify: bool = True) -> dict:
-    """``{count: StackedMNIST}``: test canvases from MNIST's test split, fixed by ``data_seed``."""
+def load_test_canvases(config: StackedMNISTConfig, root=None, verify: bool = True,
+                       seed: int = 0) -> dict:  # fmt: skip
+    """``{count: StackedMNIST}``: test canvases from MNIST's test split, drawn from
+    ``data_seed`` and the claim ``seed`` (each seed is evaluated on its own draw)."""
     x_te, y_te = load_mnist("test", root=root, verify=verify)
-    s = config.train.data_seed
-    return {c: make_canvases(x_te, y_te, config.test_per_count, c, seed=1000 * s + 200 + c)
+    s = 1000 * config.train.data_seed + 100_000 * seed
+    return {c: make_canvases(x_te, y_te, config.test_per_count, c, seed=s + 200 + c)
             for c in config.test_counts}  # fmt: skip
 
 
@@ -499,11 +505,11 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
     data = training_data(config.train, root, verify)
-    tests = load_test_canvases(config, root, verify)
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODELS.values()}
     diag_per_seed = []
     for seed in config.seeds:
+        tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
         for kind, name in MODELS.items():
             model, history = trained_model(kind, config, seed, data, device, show_progress,
@@ -554,8 +560,11 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
              for pool in diag_per_seed[0]["heads"]}  # fmt: skip
     diags = {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
     partial = {"config": asdict(config), "models": models}
+    partial["regime"] = regime(partial)
     return harness.results_dict(NAME, profile, config, config.seeds, models, diags,
-                                claims(partial), harness.provenance(start, TRAIN_CODE))  # fmt: skip
+                                claims(partial), harness.provenance(start, TRAIN_CODE),
+                                selection_seeds=config.selection_seeds,
+                                regime=partial["regime"])  # fmt: skip
 
 
 def _convergence(history: dict) -> dict:
@@ -576,49 +585,60 @@ def _paper(train_counts) -> dict | None:
     return None if entry is None else entry["value"]
 
 
-def _dip_precondition(acc, c: int, tested) -> tuple[bool, str]:
-    """Whether the CNN dips on ``c`` digits by more than its seed spread (issue #18): the mean
-    over seeds of ``sqrt(acc(c - 1) acc(c + 1)) - acc(c)`` (:func:`ood_dips`, negated) must
-    exceed the sd over seeds of ``acc(c)``. Without both neighbours no dip can be measured."""
-    if c - 1 not in tested or c + 1 not in tested:
-        return False, (f"no dip can be measured on {c} digits: the CNN is not tested on both "
-                       f"{c - 1} and {c + 1} digits")  # fmt: skip
-    per_seed = [dict(zip((c - 1, c, c + 1), a, strict=True))
-                for a in zip(acc("CNN", c - 1), acc("CNN", c), acc("CNN", c + 1), strict=True)]  # fmt: skip
-    dips = [-ood_dips(a, [c])[c] for a in per_seed]
-    spread = float(np.std(acc("CNN", c), ddof=1)) if len(dips) > 1 else 0.0
-    mean = float(np.mean(dips))
-    where = f"the geometric mean of its {c - 1}- and {c + 1}-digit accuracies"
-    if mean <= 0:
-        return False, (f"nothing for NFM to close on {c} digits: the CNN is {-mean:.1%} above "
-                       f"{where}, no dip")  # fmt: skip
-    return mean > spread, (f"nothing for NFM to close on {c} digits: the CNN falls {mean:.1%} "
-                           f"below {where}, within its seed sd of {spread:.1%}")  # fmt: skip
+#: The regime NFM Table 5's claims presuppose: the CNN fits the digit counts it was trained on
+#: (the paper's: 99.27 % on one digit, 87.83 % on three); held-out counts test generalisation
+#: only from a model that learned the trained ones. The bar: this fraction of the paper's.
+REGIME_FRACTION = 0.9
+
+
+def regime(results: dict) -> dict:
+    """Whether the CNN reached :data:`REGIME_FRACTION` of Table 5's CNN accuracy on every trained
+    count, on every seed (the worst seed)."""
+    cfg, m = results["config"], results["models"]
+    trained = [int(c) for c in cfg["train"]["train_counts"]]
+    paper = (_paper(trained) or {}).get("CNN", {})
+    checks = {}
+    for c in trained:
+        if c in paper and c in [int(t) for t in cfg["test_counts"]]:
+            worst = min(_test(r, c)["exact"] for r in m["CNN"]["per_seed"])
+            checks[f"CNN on {c} digits, worst seed"] = (worst, REGIME_FRACTION * paper[c][0] / 100,
+                                                        ">=")  # fmt: skip
+    return harness.regime(f"the CNN at ≥ {REGIME_FRACTION:.0%} of NFM Table 5's CNN accuracy on "
+                          "each trained count, every seed", checks)  # fmt: skip
+
+
+def _test(run: dict, c: int) -> dict:
+    return run["test"].get(str(c), run["test"].get(c))
 
 
 def claims(results: dict) -> list:
-    """NFM Table 5 as tests over seeds (rules fixed before the numbers were seen): for each
-    held-out count, NFM(CNN) - CNN exact-match accuracy > 0, paired by seed; testable only where
-    the CNN shows an out-of-distribution dip larger than its seed spread
-    (:func:`_dip_precondition`), else ``inconclusive`` with the reason (issue #18)."""
+    """NFM Table 5 as tests over seeds, by the rules of :mod:`modnets.experiments.rules`, paired
+    by seed: NFM(CNN) − CNN exact-match accuracy on each held-out count, and the interaction
+    (mean gain on held-out counts − mean gain on trained ones). The CNN's out-of-distribution dip
+    is a diagnostic (:func:`ood_dips`), never a condition. ``not testable here`` where the CNN
+    missed its :func:`regime`."""
     cfg, m = results["config"], results["models"]
-    paper = _paper(cfg["train"]["train_counts"]) or {}
-    tested = {int(c) for c in cfg["test_counts"]}
-    out = []
+    held = held_out(cfg)
+    trained = [int(c) for c in cfg["test_counts"] if int(c) not in held]
 
     def acc(name, c):
-        return [r["test"].get(str(c), r["test"].get(c))["exact"] for r in m[name]["per_seed"]]
+        return [_test(r, c)["exact"] for r in m[name]["per_seed"]]
 
-    for c in held_out(cfg):
-        p_nfm, p_cnn = paper.get("NFM(CNN)", {}).get(c), paper.get("CNN", {}).get(c)
-        quote = f"{p_nfm[0]:.2f} vs {p_cnn[0]:.2f}" if p_nfm and p_cnn else "-"
-        claim = comparison_claim(
-            f"table5-{c}", f"NFM(CNN) beats the CNN on {c} digits (never trained on)",
-            "NFM Table 5", quote, acc("NFM(CNN)", c), acc("CNN", c), names=("NFM(CNN)", "CNN"),
-            quantity=f"exact-match accuracy on {c}-digit canvases", scale=100, digits=1,
-            unit=" %")  # fmt: skip
-        out.append(precondition(claim, *_dip_precondition(acc, c, tested)))
-    return out
+    def gain(c):
+        return [a - b for a, b in zip(acc("NFM(CNN)", c), acc("CNN", c), strict=True)]
+
+    names = ("NFM(CNN)", "CNN")
+    out = [
+        paired(f"table5-{c}", acc(names[0], c), acc(names[1], c), names)
+        for c in held
+        if f"table5-{c}" in RULES
+    ]
+    if held and trained:
+        held_gain = np.mean([gain(c) for c in held], axis=0)
+        trained_gain = np.mean([gain(c) for c in trained], axis=0)
+        out.append(test("table5-interaction", (held_gain - trained_gain).tolist()))
+    reg = results.get("regime") or regime(results)
+    return holm([outside_regime(c, reg) for c in out], "NFM")
 
 
 def format_summary(results: dict) -> str:

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -47,14 +48,10 @@ from modnets.data.tiny_imagenet import (
 )
 from modnets.dropping import droppable, pruned
 from modnets.experiments import harness
-from modnets.experiments.claims import (
-    comparison_claim,
-    precondition,
-    threshold_claim,
-    untestable,
-)
+from modnets.experiments.claims import holm, outside_regime, paired, test, untestable
 from modnets.experiments.cli import experiment_main
 from modnets.experiments.harness import fmt, load_or_train, per_seed, seed_stats
+from modnets.experiments.rules import RULES
 from modnets.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
 from modnets.profiles import get_profile, select
@@ -177,6 +174,9 @@ class TinyImageNetConfig:
 
     train: TinyImageNetTrain = TinyImageNetTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
+    # the seeds any setting was chosen on here (none: the sizes and rates come from pilot runs
+    # recorded in chapter 13's rule-change log); never claim seeds
+    selection_seeds: tuple[int, ...] = ()
     priors: tuple[str, ...] = ("scale_free",)
     drop_fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     edge_fractions: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0)
@@ -617,9 +617,19 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
                      "lost_at80_random", "top1_at80_most", "lost_at80_most"]  # fmt: skip
         for k in keys:
             entry[k] = seed_stats(per_seed(entry["per_seed"], k))
-    partial = {"models": models}
+    diag["dropping_matters"] = {
+        name: dict(
+            zip(("holds", "reason"), dropping_matters(models[name]["per_seed"]), strict=True)
+        )
+        for name in diag
+    }
+    partial = {"models": models, "config": {"train": {"classes": config.train.classes}},
+               "diagnostics": diag}  # fmt: skip
+    partial["regime"] = regime(partial)
     return harness.results_dict(NAME, profile, config, config.seeds, models, diag,
-                                claims(partial), harness.provenance(start, TRAIN_CODE))  # fmt: skip
+                                claims(partial), harness.provenance(start, TRAIN_CODE),
+                                selection_seeds=config.selection_seeds,
+                                regime=partial["regime"])  # fmt: skip
 
 
 def _nac_key(models: dict) -> str:
@@ -651,72 +661,97 @@ def dropping_matters(nac: list[dict]) -> tuple[bool, str]:
     return holds, reason
 
 
+#: The regime NAC §4.1's claims presuppose: both models learn the task (well above chance; the
+#: paper's are at ~60 % of 200 classes) and the NAC's circuit is sparse (its dropping and edge
+#: claims are about a learned sparse graph).
+REGIME_CHANCE_MULTIPLE = 3.0
+REGIME_MEAN_P = 0.5
+
+
+def regime(results: dict) -> dict:
+    """Whether every seed's NAC and Perceiver IO reached :data:`REGIME_CHANCE_MULTIPLE` times
+    chance top-1 and every NAC's mean off-diagonal link probability is at most
+    :data:`REGIME_MEAN_P`."""
+    m = results["models"]
+    classes = results["config"]["train"]["classes"] or 200
+    bar = REGIME_CHANCE_MULTIPLE / classes
+    checks = {f"{k} top-1, worst seed": (min(per_seed(v["per_seed"], "top1")), bar, ">=")
+              for k, v in m.items()}  # fmt: skip
+    for k, d in results["diagnostics"].items():
+        if k.startswith("NAC") and d:
+            p = max(s["links_trained"]["mean_offdiagonal_P"] for s in d)
+            checks[f"{k} mean off-diagonal P, worst seed"] = (p, REGIME_MEAN_P, "<=")
+    return harness.regime(f"top-1 ≥ {REGIME_CHANCE_MULTIPLE:g}x chance for every model and a "
+                          f"sparse NAC circuit (mean P ≤ {REGIME_MEAN_P}) on every seed",
+                          checks)  # fmt: skip
+
+
+def at_flops(run: dict, gflops: float) -> float:
+    """Top-1 of one seed's drop curve at ``gflops`` per sample, linear between the measured
+    points (``run["drop"][i]`` is measured at ``run["speed"][i]["gflops"]``)."""
+    pts = sorted((s["gflops"], d["top1"]) for s, d in zip(run["speed"], run["drop"], strict=True))
+    g, acc = zip(*pts, strict=True)
+    return float(np.interp(gflops, g, acc))
+
+
+def matched_flops(nac: dict, pio: dict) -> tuple[float, float, float]:
+    """NAC App. F's comparison for one seed: ``(flops, nac_lost, pio_lost)``, top-1 lost against
+    each full model at ``flops``: the NAC's full FLOPs / 5, or the largest cut both models reach
+    (the smallest FLOPs of either drop curve) where that is higher."""
+    full = nac["speed"][0]["gflops"]
+    floor = max(min(s["gflops"] for s in r["speed"]) for r in (nac, pio))
+    g = max(full / 5, floor)
+    return g, nac["top1"] - at_flops(nac, g), pio["top1"] - at_flops(pio, g)
+
+
 def claims(results: dict) -> list:
-    """NAC Table 1 and Figs. 5, 10 and 15 as tests over seeds (rules fixed before the numbers
-    were seen). Accuracies are fractions; comparisons are paired by seed. The dropping claims
-    (least-first beats random and most-first; NAC vs Perceiver IO; < 3 % lost) are tested only
-    when :func:`dropping_matters`."""
+    """NAC Table 1, §4.1 and App. F as tests over seeds, by the rules of
+    :mod:`modnets.experiments.rules`; paired by seed. Accuracies are fractions. ``not testable
+    here`` where the models missed their :func:`regime`."""
     m = results["models"]
     nac_key = _nac_key(m)
     nac, pio = m[nac_key]["per_seed"], m["Perceiver IO"]["per_seed"]
-    paper_nac = PAPER.get(nac_key, PAPER["NAC (scale_free)"])
-    p_nac, p_pio = paper_nac["value"], PAPER["Perceiver IO"]["value"]
     nac_top1, pio_top1 = _paired(nac, pio, "top1", "top1")
-    pio_lost, nac_lost = _paired(pio, nac, "lost_at80", "lost_at80")
-    nac_at80, pio_full = _paired(nac, pio, "top1_at80", "top1")
-    holds, reason = dropping_matters(nac)
-    pct = dict(scale=100, digits=1)
-    order_claims = [
-        comparison_claim(f"fig5a-least-vs-{other}", "With 80 % of the mediators dropped, "
-                         f"least connected first is more accurate than {label}",
-                         "NAC App. F, Fig. 5a", "q_i orders modules by importance",
-                         per_seed(nac, "top1_at80"), per_seed(nac, f"top1_at80_{other}"),
-                         names=("least first", label), quantity="top-1 at 80 % dropped",
-                         unit=" %", **pct)
-        for other, label in (("random", "a random order"), ("most", "most connected first"))
+    pio_by_seed = {r["seed"]: r for r in pio}
+    flops = [matched_flops(r, pio_by_seed[r["seed"]]) for r in nac if r["seed"] in pio_by_seed]
+    cut = np.mean([r["speed"][0]["gflops"] / g for r, (g, _, _) in zip(nac, flops, strict=True)])
+    out = [
+        paired("table1-nac-vs-pio", nac_top1, pio_top1, ("NAC", "Perceiver IO")),
+        paired("fig15-flops", [p for _, _, p in flops], [n for _, n, _ in flops],
+               ("Perceiver IO lost", f"NAC lost (at 1/{cut:.1f} of the NAC's FLOPs)")),
+        test("fig5a-drop80", per_seed(nac, "relative_lost_at80")),
+        test("fig10-edges", per_seed(nac, "relative_lost_edges90")),
     ]  # fmt: skip
-    drop_claims = [
-        *order_claims,
-        threshold_claim("fig5a-drop80", "The NAC loses < 3 % of its accuracy with 80 % of its "
-                        "mediators dropped, least connected first (relative loss: "
-                        "(full − dropped) / full)", PAPER["drop80_cost"]["source"],
-                        "over 80 % of modules dropped at < 3 % accuracy cost",
-                        per_seed(nac, "relative_lost_at80"),
-                        quantity="relative top-1 loss at 80 % dropped", threshold=0.03,
-                        direction="<", unit=" %", **pct),
-        comparison_claim("fig15-loses-less", "At 80 % dropped the NAC loses less accuracy than "
-                         "Perceiver IO (latents dropped at random)", PAPER["fig15"]["source"],
-                         "Perceiver IO degrades faster than the NAC", pio_lost, nac_lost,
-                         names=("Perceiver IO", "NAC"),
-                         quantity="top-1 points lost at 80 % dropped", unit=" points", **pct),
-        comparison_claim("fig5-caption", "With 80 % of its mediators dropped the NAC stays "
-                         "above the full Perceiver IO", PAPER["fig5_caption"]["source"],
-                         "NAC at 80 % dropped ≥ full Perceiver IO", nac_at80, pio_full,
-                         names=("NAC at 80 % dropped", "full Perceiver IO"),
-                         quantity="top-1 accuracy", unit=" %", **pct),
+    flop_cut = float(np.mean([r["speed"][0]["gflops"] / _at(r["speed"], DROP_AT)["gflops"]
+                              for r in nac]))  # fmt: skip
+    if flop_cut < RULES["fig5b-speedup"].threshold:
+        out.append(untestable("fig5b-speedup", f"dropping 80 % of the modules cuts the FLOPs "
+                              f"only {flop_cut:.1f}x at this size (the tokeniser and read-out "
+                              "stay), so a 6-8x throughput gain is out of reach"))  # fmt: skip
+    else:
+        out.append(test("fig5b-speedup", per_seed(nac, "speedup_at80")))
+    robust = "NAC (ring_of_cliques)"
+    if "NAC (scale_free)" in m and robust in m:
+        sf, rc = _paired(m["NAC (scale_free)"]["per_seed"], m[robust]["per_seed"],
+                         "relative_lost_at80", "relative_lost_at80")  # fmt: skip
+        out.append(paired("priors-differ", sf, rc, ("scale-free", "ring-of-cliques")))
+    else:
+        out.append(untestable("priors-differ", "needs NACs with the scale-free and the "
+                              "ring-of-cliques prior; this profile trains "
+                              + ", ".join(k for k in m if k.startswith("NAC"))))  # fmt: skip
+    speedups = per_seed(nac, "speedup_at80")
+    cuts = [r["speed"][0]["gflops"] / _at(r["speed"], DROP_AT)["gflops"] for r in nac]
+    out += [
+        test("ours-throughput-tracks-flops", [s / c for s, c in zip(speedups, cuts, strict=True)]),
+        paired("ours-least-vs-random", per_seed(nac, "top1_at80"),
+               per_seed(nac, "top1_at80_random"), ("least first", "random")),
+        paired("ours-least-vs-most", per_seed(nac, "top1_at80"), per_seed(nac, "top1_at80_most"),
+               ("least first", "most first")),
     ]  # fmt: skip
-    return [
-        comparison_claim("table1", f"{nac_key} is more accurate than Perceiver IO in "
-                         "distribution (top-1)", paper_nac["source"],
-                         f"{p_nac['top1']} vs {p_pio['top1']} top-1 (200 classes)", nac_top1,
-                         pio_top1, names=("NAC", "Perceiver IO"), quantity="top-1 accuracy",
-                         unit=" %", **pct),
-        *(precondition(c, holds, reason) for c in drop_claims),
-        threshold_claim("fig5b-speedup", "About 8x inference throughput with 80 % of the modules "
-                        "dropped", PAPER["speedup80"]["source"], "~8x (A100)",
-                        per_seed(nac, "speedup_at80"),
-                        quantity="NAC samples/s at 80 % dropped / samples/s full",
-                        threshold=6.0, digits=2, unit="x"),
-        threshold_claim("fig10-edges", "90 % of the edges can be removed at a marginal loss "
-                        "(relative loss < 3 %)", PAPER["edges90"]["source"],
-                        "~90 % of connections removed with only a marginal loss",
-                        per_seed(nac, "relative_lost_edges90"),
-                        quantity="relative top-1 loss at 90 % of edges removed", threshold=0.03,
-                        direction="<", unit=" %", **pct),
-        untestable("ood-r", "Out-of-distribution accuracy on Tiny-ImageNet-R",
-                   PAPER["ood_r_top1"]["source"], "17.6-20.0 top-1",
-                   "Tiny-ImageNet-R is not available offline"),
-    ]  # fmt: skip
+    reg = results.get("regime") or regime(results)
+    out = [outside_regime(c, reg) for c in out]
+    out.append(untestable("ood-r", "Tiny-ImageNet-R is not available offline"))
+    return holm(out, "NAC")
 
 
 def format_summary(results: dict) -> str:

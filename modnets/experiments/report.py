@@ -1,0 +1,272 @@
+"""Claims as a reader sees them: tables, sentences and forest plots (chapters 5, 6, 10, 11, 13).
+
+Nothing here decides anything: verdicts come from :mod:`modnets.experiments.claims`, read from
+the experiments' results files.
+"""
+
+from __future__ import annotations
+
+import math
+
+from modnets.experiments.claims import VERDICTS, holm
+
+__all__ = [
+    "PAPERS",
+    "COLOURS",
+    "claims_frame",
+    "claims_table",
+    "verdict_sentences",
+    "verdict_counts",
+    "regime_sentence",
+    "paper_scale_command",
+    "load_claims",
+    "reproduction",
+    "paper_sentence",
+    "forest_plot",
+    "rule_log_table",
+]
+
+#: The experiments whose claims the book tests, by paper (the family of Holm's correction).
+PAPERS = {
+    "Neural Interpreters": ("fuzzy_boolean", "digits"),
+    "Neural Attentive Circuits": ("tiny_imagenet",),
+    "Neural Function Modules": ("stacked_mnist",),
+}
+COLOURS = {
+    "reproduced": "#d4edda",
+    "not reproduced": "#f8d7da",
+    "inconclusive": "#fff3cd",
+    "not testable here": "#e2e3e5",
+}
+
+
+def _as_dicts(claims) -> list[dict]:
+    return [c if isinstance(c, dict) else c.as_dict() for c in claims]
+
+
+def _num(c: dict, x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    digits = 1 if c.get("scale", 1) == 100 else 3
+    return f"{c.get('scale', 1) * x:.{digits}f}"
+
+
+def _interval(c: dict) -> str:
+    if not c.get("interval"):
+        return "-"
+    lo, hi = c["interval"]
+    return f"[{_num(c, lo)}, {_num(c, hi)}]"
+
+
+def claims_frame(claims, kind: str | None = None):
+    """A ``pandas.DataFrame``, one row per claim (of ``kind`` only, if given): the paper's
+    effect, ours (mean and 95 % interval of the tested quantity), the threshold, the minimal
+    detectable effect, and both verdicts."""
+    import pandas as pd
+
+    rows = []
+    for c in _as_dicts(claims):
+        if kind is not None and c.get("kind") != kind:
+            continue
+        s = c.get("scale", 1)
+        mean = sum(c["values"]) / len(c["values"]) if c.get("values") else None
+        rows.append(
+            {
+                "claim": c["text"],
+                "source": c["source"],
+                "quantity": c["rule"],
+                "paper effect": _num(c, c.get("paper_effect")),
+                "ours [95 % CI]": "-"
+                if mean is None
+                else f"{s * mean:.{1 if s == 100 else 3}f} {_interval(c)}",
+                "mde": _num(c, c.get("mde")),
+                "vs paper": c.get("vs_paper", "-"),
+                "verdict": c["verdict"] + (f" ({c['reason']})" if c.get("reason") else ""),
+                "Holm": c.get("verdict_holm") or c["verdict"],
+            }
+        )
+    columns = [
+        "claim",
+        "source",
+        "quantity",
+        "paper effect",
+        "ours [95 % CI]",
+        "mde",
+        "vs paper",
+        "verdict",
+        "Holm",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def claims_table(claims, kind: str | None = None):
+    """The claims as an HTML table (a pandas ``Styler``), verdicts coloured."""
+    frame = claims_frame(claims, kind)
+    if kind == "ours":
+        frame = frame.drop(columns=["paper effect", "vs paper", "Holm"])
+
+    def colour(v: str) -> str:
+        key = next((k for k in sorted(COLOURS, key=len, reverse=True) if v.startswith(k)), "")
+        return f"background-color: {COLOURS[key]}" if key else ""
+
+    subset = [c for c in ("verdict", "Holm") if c in frame.columns]
+    return (
+        frame.style.hide(axis="index")
+        .map(colour, subset=subset)
+        .set_properties(**{"text-align": "left", "font-size": "0.85em"})
+    )
+
+
+def verdict_sentences(claims) -> str:
+    """One Markdown sentence per claim, generated from its verdict: the only place where the
+    chapters state a verdict."""
+    lines = []
+    for c in _as_dicts(claims):
+        reason = f" ({c['reason']})" if c.get("reason") else ""
+        label = "paper" if c.get("kind") == "paper" else "ours"
+        lines.append(
+            f"- [{label}] **{c['text']}** ({c['source']}): **{c['verdict']}**{reason}. "
+            f"Paper: {c['paper']}; ours: {c['ours']}."
+        )
+    return "\n".join(lines)
+
+
+def verdict_counts(claims, kind: str | None = "paper") -> str:
+    """``"3 reproduced, 1 inconclusive"``: how many claims (of ``kind``) got each verdict."""
+    cs = [c for c in _as_dicts(claims) if kind is None or c.get("kind") == kind]
+    counts = {v: sum(c["verdict"] == v for c in cs) for v in VERDICTS}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no claims"
+
+
+def regime_sentence(results: dict) -> str:
+    """What the claims presuppose of the trained models, and whether this run reached it."""
+    r = results["regime"]
+    if not r:
+        return "No regime declared."
+    if r["reached"]:
+        return f"**Regime reached**: {r['required']}."
+    return (
+        f"**Regime not reached** ({r['required']}): {r['shortfall']}. Every claim of this "
+        "run is therefore `not testable here`; its numbers are shown all the same."
+    )
+
+
+def paper_scale_command(experiment: str) -> str:
+    """The command that runs ``experiment`` at the papers' settings (its module may name one in
+    ``GPU_COMMAND``, e.g. with ``torchrun``)."""
+    from modnets.experiments.harness import import_experiment
+
+    default = f"python -m modnets.experiments.{experiment} --profile gpu"
+    return getattr(import_experiment(experiment), "GPU_COMMAND", default)
+
+
+def load_claims(experiments, profile: str, folder="_build/results") -> tuple[list, dict, list]:
+    """``(claims, results_by_experiment, missing)``: every claim of ``experiments`` read from
+    their results files (``<folder>/<experiment>_<profile>.json``), with Holm's correction
+    recomputed over all their paper claims (one family)."""
+    from modnets.experiments.claims import Claim
+    from modnets.experiments.results import load_results, results_path
+
+    claims, results, missing = [], {}, []
+    for name in experiments:
+        path = results_path(name, profile, folder)
+        if not path.exists():
+            missing.append(
+                f"{path} (run its chapter, or `python -m modnets.experiments.{name} "
+                f"--profile {profile} --out {path}`)"
+            )
+            continue
+        results[name] = load_results(path)
+        claims += [Claim(**c) for c in results[name]["claims"]]
+    family = " + ".join(experiments)
+    return [c.as_dict() for c in holm(claims, family)], results, missing
+
+
+def reproduction(experiments, profile: str, folder="_build/results"):
+    """``(paper_table, ours_table, claims, missing)`` for chapter 13."""
+    claims, _, missing = load_claims(experiments, profile, folder)
+    return claims_table(claims, "paper"), claims_table(claims, "ours"), claims, missing
+
+
+def paper_sentence(paper: str, claims) -> str:
+    """One sentence on a paper, generated from its claims' verdicts (Holm-adjusted)."""
+    cs = [c for c in _as_dicts(claims) if c.get("kind") == "paper"]
+    tested = [c for c in cs if c["verdict"] != "not testable here"]
+    if not tested:
+        return f"None of the {paper} claims could be tested here ({len(cs)} not testable)."
+    holm_v = [c.get("verdict_holm") or c["verdict"] for c in tested]
+    yes = sum(v == "reproduced" for v in holm_v)
+    no = sum(v == "not reproduced" for v in holm_v)
+    under = sum(
+        c["verdict"] == "inconclusive" and c.get("reason", "").startswith("underpowered")
+        for c in tested
+    )
+    parts = [
+        f"{yes} of the {len(tested)} claims of {paper} tested here are reproduced after "
+        f"Holm's correction, {no} not reproduced"
+    ]
+    rest = len(tested) - yes - no
+    if rest:
+        parts.append(f"{rest} inconclusive ({under} of them underpowered at these seeds)")
+    untested = len(cs) - len(tested)
+    if untested:
+        parts.append(f"and {untested} cannot be tested here")
+    return ", ".join(parts) + "."
+
+
+def forest_plot(claims, kind: str = "paper", ax=None):
+    """Per tested claim (of ``kind``): ours, the mean with its 95 % interval, against the
+    threshold (a bar), the paper's effect (a diamond) and where the test starts to detect an
+    effect (threshold ± mde, a tick), each quantity minus its threshold and in its own units."""
+    import matplotlib.pyplot as plt
+
+    cs = [c for c in _as_dicts(claims) if c.get("kind") == kind and c.get("interval")]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 0.45 * max(len(cs), 2) + 1))
+    for i, c in enumerate(cs):
+        s, thr, test = c.get("scale", 1), c.get("threshold") or 0.0, c.get("test")
+        # an equivalence is drawn as it is, around 0 with its margin; a one-sided test as its
+        # distance beyond the threshold, in the claim's direction
+        sign, shift = (1, 0.0) if test == "equivalent" else (-1 if test == "<" else 1, thr)
+
+        def at(x, sign=sign, shift=shift, s=s):
+            return sign * (x - shift) * s
+
+        mean = sum(c["values"]) / len(c["values"])
+        colour = {"reproduced": "tab:green", "not reproduced": "tab:red"}.get(c["verdict"], "0.4")
+        ax.plot(sorted(at(x) for x in c["interval"]), [i, i], color=colour, lw=2.5)
+        ax.plot(at(mean), i, "o", color=colour)
+        if c.get("paper_effect") is not None:
+            ax.plot(at(c["paper_effect"]), i, "D", color="tab:blue", ms=6, mfc="none")
+        if test == "equivalent":
+            ax.plot([-thr * s, thr * s], [i, i], ":", color="tab:blue")
+        if c.get("mde"):
+            ticks = [-c["mde"] * s, c["mde"] * s] if test == "equivalent" else [c["mde"] * s]
+            ax.plot(ticks, [i] * len(ticks), "|", color="k", ms=12)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(cs)), [c["id"] for c in cs], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("effect beyond the threshold, claim's direction (its own units; % → pts)")
+    ax.set_title(
+        f"{kind} claims: ours ● with 95 % interval, paper ◇, detectable from |", fontsize=9
+    )
+    return ax
+
+
+def rule_log_table():
+    """The rule-change log as a ``pandas.DataFrame`` (newest last)."""
+    import pandas as pd
+
+    from modnets.experiments.rules import rule_log
+
+    rows = [
+        {
+            "date": e["date"],
+            "rules": ", ".join(e["rules"]),
+            "change": e["change"],
+            "why": e["why"],
+            "results seen before": e["results_seen"],
+        }
+        for e in rule_log()
+    ]
+    return pd.DataFrame(rows)

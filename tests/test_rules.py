@@ -1,0 +1,159 @@
+"""The claims' rules are pinned: none changes without a rule-change log entry, and each rule
+decides as its test says (threshold, direction, equivalence, power, Holm)."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from statsmodels.stats.power import TTestPower
+
+from modnets.experiments import claims as cl
+from modnets.experiments import rules as rl
+
+TOY = {
+    "up": rl.Rule(
+        "up",
+        "toy",
+        "paper",
+        "A beats B",
+        "Table 1",
+        "1.0 vs 0.5",
+        "A − B",
+        ">",
+        0.0,
+        0.5,
+        "Table 1",
+    ),
+    "eq": rl.Rule(
+        "eq",
+        "toy",
+        "paper",
+        "A equals B",
+        "§4",
+        "on par",
+        "A − B",
+        "equivalent",
+        0.1,
+        0.0,
+        "§4 text",
+    ),
+    "down": rl.Rule("down", "toy", "ours", "little lost", "ours", "-", "loss", "<", 0.1),
+}
+
+
+def test_every_rule_is_logged_with_its_fingerprint():
+    assert rl.unlogged() == {}, "a rule changed without a rule-change log entry (rule_log.json)"
+
+
+def test_a_changed_rule_fails_until_logged(monkeypatch):
+    rule = rl.RULES["table1-gap-closed"]
+    changed = dataclasses.replace(rule, threshold=0.4)
+    monkeypatch.setitem(rl.RULES, rule.id, changed)
+    assert set(rl.unlogged()) == {rule.id}
+    entry = {
+        "date": "-",
+        "rules": [rule.id],
+        "fingerprints": {rule.id: changed.fingerprint()},
+        "change": "threshold",
+        "why": "-",
+        "results_seen": "no",
+    }
+    assert rl.unlogged([*rl.rule_log(), entry]) == {}
+
+
+def test_the_log_entries_say_what_when_why_and_whether_results_were_seen():
+    for e in rl.rule_log():
+        assert {"date", "rules", "fingerprints", "change", "why", "results_seen"} <= set(e)
+        assert e["change"] and e["why"] and e["results_seen"]
+    json.dumps(rl.rule_log())
+
+
+def test_every_paper_rule_says_how_its_effect_was_read_and_ours_never_claim_a_paper_effect():
+    for r in rl.RULES.values():
+        if r.kind == "paper":
+            assert r.basis
+        else:
+            assert r.paper_effect is None and r.source.startswith("ours")
+    with pytest.raises(ValueError, match="must say how"):
+        rl.Rule("x", "toy", "paper", "t", "s", "p", "q", ">", 0.0, 1.0)
+    with pytest.raises(ValueError, match="test must be"):
+        rl.Rule("x", "toy", "ours", "t", "s", "p", "q", ">=", 0.0)
+
+
+@pytest.mark.parametrize(
+    "values, verdict",
+    [
+        ([0.4, 0.5, 0.6, 0.5, 0.45], "reproduced"),
+        ([-0.4, -0.5, -0.6, -0.45, -0.5], "not reproduced"),
+        ([0.3, -0.2, 0.1, -0.1, 0.2], "inconclusive"),
+    ],
+)
+def test_one_sided_rule_decides_by_the_95_interval(values, verdict):
+    c = cl.test("up", values, rules=TOY)
+    assert c.verdict == verdict and c.kind == "paper"
+    assert c.p_value is not None and (c.p_value < 0.05) == (verdict != "inconclusive")
+
+
+def test_mde_is_statsmodels_power_and_underpowered_says_how_many_seeds():
+    values = [0.3, -0.2, 0.1, -0.1, 0.2]
+    c = cl.test("up", values, rules=TOY)
+    sd = np.std(values, ddof=1)
+    d = TTestPower().solve_power(nobs=5, alpha=0.05, power=0.8, alternative="two-sided")
+    assert c.mde == pytest.approx(d * sd)
+    assert c.mde < 0.5 and "smaller than the paper's" in c.reason
+    noisy = [2.0, -1.5, 1.0, -2.2, 0.4]
+    c = cl.test("up", noisy, rules=TOY)
+    assert c.verdict == "inconclusive" and c.reason.startswith("underpowered")
+    assert c.seeds_needed > 5 and f"{c.seeds_needed} seeds would" in c.reason
+    # with that many seeds at that spread, the mde falls to the paper's effect
+    assert (
+        cl.mde(np.std(noisy, ddof=1), c.seeds_needed)
+        <= 0.5
+        < cl.mde(np.std(noisy, ddof=1), c.seeds_needed - 1)
+    )
+
+
+def test_vs_paper_says_when_the_interval_excludes_the_papers_effect():
+    small = cl.test("up", [0.10, 0.12, 0.11, 0.13, 0.09], rules=TOY)
+    assert small.verdict == "reproduced" and small.vs_paper == "smaller than the paper's"
+    near = cl.test("up", [0.45, 0.55, 0.5, 0.52, 0.48], rules=TOY)
+    assert near.vs_paper == "consistent with the paper's"
+
+
+def test_equivalence_is_a_signed_tost():
+    assert cl.test("eq", [0.01, -0.02, 0.0, 0.015, -0.01], rules=TOY).verdict == "reproduced"
+    # |mean| small but one-signed far beyond the margin on every seed: abs() would not show it
+    assert cl.test("eq", [0.3, 0.31, 0.29, 0.3, 0.32], rules=TOY).verdict == "not reproduced"
+    assert cl.test("eq", [0.2, -0.2, 0.15, -0.1, 0.05], rules=TOY).verdict == "inconclusive"
+
+
+def test_holm_is_statsmodels_over_the_paper_claims_only():
+    from statsmodels.stats.multitest import multipletests
+
+    values = (
+        [0.5, 0.3, 0.4, 0.45, 0.38],
+        [0.05, 0.3, 0.2, 0.25, 0.02],
+        [0.05, 0.4, 0.1, 0.3, 0.02],
+    )
+    cs = [cl.test("up", v, rules=TOY) for v in values]
+    cs.append(cl.test("down", [0.0, 0.01, 0.02], rules=TOY))
+    out = cl.holm(cs, "toy")
+    reject = multipletests([c.p_value for c in cs[:3]], 0.05, "holm")[0]
+    for c, r in zip(out[:3], reject, strict=True):
+        assert c.verdict_holm == (c.verdict if r else "inconclusive") and c.holm_family == "toy"
+    assert out[3].verdict_holm == out[3].verdict and out[3].holm_family == ""
+    # p = 0.0003, 0.041, 0.080: the second is reproduced alone, not after Holm (0.041 x 2 > 0.05)
+    assert [c.verdict for c in out[:3]] == ["reproduced", "reproduced", "inconclusive"]
+    assert [c.verdict_holm for c in out[:3]] == ["reproduced", "inconclusive", "inconclusive"]
+
+
+def test_outside_the_regime_is_not_testable_with_the_shortfall():
+    c = cl.test("up", [0.4, 0.5, 0.6], rules=TOY)
+    from modnets.experiments.harness import regime
+
+    reg = regime("fit", {"R²": (0.8, 0.99, ">=")})
+    assert not reg["reached"] and "R² 0.8 (needs >= 0.99)" in reg["shortfall"]
+    out = cl.outside_regime(c, reg)
+    assert out.verdict == "not testable here" and "R² 0.8" in out.reason and out.values == c.values
+    assert cl.outside_regime(c, regime("fit", {"R²": (0.995, 0.99, ">=")})) is c
