@@ -295,12 +295,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
               "fig5c-drop-one", "val-match", "ours-fig5a-matched", "ours-fig5a-params",
               "ours-more-iterations", "ours-extra-iterations")  # fmt: skip
     untested = {"svhn": "not testable here", "fig8-pgm": "not testable here"}
-    reproduced = _made_up(
-        ni=[0.60, 0.62, 0.61], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.42, 0.41],
-        cap_min=[0.50, 0.52, 0.51], cap_max=[0.60, 0.61, 0.63], drop0=[0.90, 0.91, 0.92],
-        drop1=[0.88, 0.885, 0.90], half=[0.70, 0.72, 0.71], full=[0.90, 0.91, 0.92],
-        double=[0.90, 0.90, 0.91], ni_val=[0.90, 0.91, 0.92], vit_val=[0.901, 0.908, 0.921],
-    )  # fmt: skip
+    reproduced = _made_up(**_REPRODUCED)
     out = {c.id: c for c in digits.claims(reproduced)}
     verdicts = {k: c.verdict for k, c in out.items()}
     # the NI - ViT gap at 150 samples (0.1) is wider than at 500 (0): it closes with data
@@ -327,7 +322,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
     assert verdicts == {**dict.fromkeys(tested, "inconclusive"), **untested,
                         "fig5a-gap-closes": "inconclusive"}  # fmt: skip
     # models that never learned MNIST: outside NI §4.2's regime, nothing decided
-    weak = _made_up(**{**{k: v for k, v in _REPRODUCED.items()}, "mnist": 0.7})
+    weak = _made_up(**{**_REPRODUCED, "mnist": 0.7})
     assert {c.verdict for c in digits.claims(weak)} == {"not testable here"}
     with_svhn = {**reproduced, "config": {**reproduced["config"],
                                           "train": {"datasets": ["svhn", "mnist_m", "mnist"]}}}  # fmt: skip

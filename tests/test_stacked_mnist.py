@@ -15,6 +15,7 @@ from modnets.data.stacked_mnist import downsample, make_canvases, sample_positio
 from modnets.experiments import harness
 from modnets.experiments import stacked_mnist as sm
 from modnets.experiments.results import load_results, save_results
+from modnets.experiments.rules import EXPERIMENT_RULES
 
 
 def digit_images(n=40):
@@ -192,7 +193,7 @@ def test_run_trains_checkpoints_reloads_and_saves(env):
     assert len(diag[0]["gamma"]) == 2 and len(diag[0]["gamma"][0]) == 4
     assert set(diag[0]["ood_dip"]["CNN"]) == {"2", "4"}
     assert first["diagnostics"]["ood_dip"]["NFM(CNN)"]["4"]["n"] == 2
-    assert {c["id"] for c in first["claims"]} == {"table5-2", "table5-4", "table5-5"}
+    assert [c["id"] for c in first["claims"]] == list(EXPERIMENT_RULES["stacked_mnist"])
     files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
     assert len(files) == 4 and not any(f.endswith(".train.pt") for f in files)  # 2 models x 2 seeds
     assert sum(f.startswith("stacked_mnist-nfm_") for f in files) == 2

@@ -218,27 +218,38 @@ def test(
     vs = _vs_paper(rule, interval)
     if verdict == "inconclusive" and interval is not None and reason:
         reason = _why_inconclusive(rule, reason, m, distance, needed, vs, s["n"])
+    return _claim(
+        rule,
+        ours or _ours(v, rule),
+        verdict,
+        reason,
+        interval=interval,
+        values=s["values"],
+        mde=m,
+        seeds_needed=needed,
+        vs_paper=vs,
+        p_value=None if math.isnan(p) else p,
+    )
+
+
+def _claim(rule: Rule, ours: str, verdict: str, reason: str, **outcome) -> Claim:
+    """A :class:`Claim` of ``rule``: its fields from the rule, the rest from ``outcome``."""
     return Claim(
         rule.id,
         rule.kind,
         rule.text,
         rule.source,
         rule.paper,
-        ours or _ours(v, rule),
+        ours,
         rule.describe(),
         verdict,
         reason,
-        interval,
-        s["values"],
-        rule.test,
-        rule.threshold,
-        rule.paper_effect,
-        m,
-        needed,
-        vs,
-        None if math.isnan(p) else p,
+        test=rule.test,
+        threshold=rule.threshold,
+        paper_effect=rule.paper_effect,
         scale=rule.scale,
         unit=rule.unit,
+        **outcome,
     )
 
 
@@ -312,22 +323,7 @@ def paired(rule_id: str, a: Sequence[float], b: Sequence[float], names: tuple[st
 def untestable(rule_id: str, reason: str, rules: dict | None = None) -> Claim:
     """Rule ``rule_id`` where this setting cannot test it (missing data, ...), with the reason."""
     rule = (RULES if rules is None else rules)[rule_id]
-    return Claim(
-        rule.id,
-        rule.kind,
-        rule.text,
-        rule.source,
-        rule.paper,
-        "-",
-        rule.describe(),
-        "not testable here",
-        reason,
-        test=rule.test,
-        threshold=rule.threshold,
-        paper_effect=rule.paper_effect,
-        scale=rule.scale,
-        unit=rule.unit,
-    )
+    return _claim(rule, "-", "not testable here", reason)
 
 
 def outside_regime(claim: Claim, regime: dict) -> Claim:
