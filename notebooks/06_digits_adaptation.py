@@ -540,23 +540,21 @@ display(Markdown(budget.table(budget.estimate(digits.NAME), markdown=True)))
 #
 # ## Claims
 #
-# Each claim of NI §4.2, what the paper shows, ours over pretraining seeds (each seed's value the
-# mean over its adaptation seeds, drop trials or datasets), the rule that decides, and the verdict it
-# computes (`modnets.experiments.digits.claims`): a comparison is paired by pretraining seed, and a
-# difference inside seed noise is `inconclusive`. The figures of the paper give no numbers, so the
-# rules test the direction of each effect; "graceful" (Fig. 5c) is taken as losing less than 10
-# points of mean validation accuracy with one function dropped, "not breaking" (Fig. 8) as losing
-# less than 5 points when running twice the trained iterations, and "almost identical" (§4.2) as
-# within 2 points. Fig. 5a is tested three times: against the paper's ViT (about 3x the NI's
-# parameters, the same budget), at matched validation accuracy (the model ahead on validation
-# from its matched snapshot), and against the parameter-matched ViT.
+# The claims of NI §4.2 (kind *paper*, each quoting the paper) and our own checks (kind *ours*),
+# over pretraining seeds, each seed's value the mean over its adaptation seeds, drop trials or
+# datasets (`modnets.experiments.digits.claims`, rules in `modnets.experiments.rules`). The
+# figures give no numbers, so each paper row states the smallest effect its words imply
+# ("significantly outperform": 3 points), declared before any run; the validation match is a
+# signed equivalence test within ±1 point (the paper: 0.2 % in favour of the ViT). Each claim
+# presupposes the regime above: models that never learned MNIST have no functions to reuse, and
+# then every row reads `not testable here`. The anytime rows are ours: the paper's Fig. 8 is
+# its PGM experiment.
 #
-# **How to read this.** With few seeds and a small model, a verdict is a measurement at this
-# scale, not a verdict on the paper. The `cpu` profile differs from the paper in ways that matter:
-# two datasets instead of three (no SVHN offline), a few thousand images per dataset and a few
-# epochs instead of 100, 8×8 patches (16 tokens) instead of 4×4 (64), a narrower model, two sample
-# counts, and K-MNIST evaluated on part of its test split (first 2018 release). The `cpu` run takes about 12 minutes cold on two cores, three
-# pretraining seeds of three models included; the `gpu` profile restores the paper's settings.
+# **How to read this.** The `cpu` profile differs from the paper in ways that matter: two
+# datasets instead of three (no SVHN offline), 20,000 MNIST images and 4 epochs instead of 100,
+# 16×16 patches (4 tokens) instead of 4×4 (64), a narrower model, two sample counts, and K-MNIST
+# evaluated on part of its test split (first 2018 release), drawn anew for each seed. The `gpu`
+# profile restores the paper's settings.
 
 # %%
 display(Markdown(regime_sentence(results)))

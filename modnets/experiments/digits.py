@@ -204,7 +204,7 @@ class DigitsConfig:
 
 
 _SMOKE_NI = dict(dim=32, type_dim=8, num_functions=3, num_iterations=2, num_heads=2, patch_size=8)
-_CPU_NI = dict(dim=64, type_dim=16, num_functions=5, num_iterations=3, num_heads=4, patch_size=8)
+_CPU_NI = dict(dim=64, type_dim=16, num_functions=5, num_iterations=3, num_heads=4, patch_size=16)
 
 CONFIGS = {
     "smoke": DigitsConfig(
@@ -218,20 +218,19 @@ CONFIGS = {
         finetune_epochs=1, adaptation_seeds=1, capacity_functions=(3, 4), drop_trials=1,
         tsne_images=2, routing_images=32,
     ),
-    # Chapter 6 cold at this profile: 12.3 minutes on two quiet CPU cores (nbconvert wall time,
-    # thread policy on, 2026-11-24), three pretraining seeds of the NI (relative positions) and
-    # both ViTs, per-model learning rates, 4 adaptation seeds, the validation-matched reading.
-    # No SVHN offline: MNIST and MNIST-M (its test split,
-    # split again into train/val) only; 8x8 patches (16 tokens) instead of 4x4 (64 tokens), a
-    # narrow model. Shrunk from the one-seed cpu configuration to fit three seeds: 3000 instead of
-    # 6000 training and 1000 instead of 1500 validation images per dataset, 10 instead of 14
-    # epochs, sample counts (150, 500), capacities (5, 8), 3 drop trials.
+    # The regime NI §4.2 presupposes (both models learn MNIST, >= 95 % validation) within a
+    # cpu budget, chosen on the selection seeds 100 and 101: 16x16 patches (4 tokens) instead of
+    # 4x4 (64), no RandAugment for so short a schedule, 20,000 MNIST images (and all of MNIST-M's
+    # re-split test images) for 4 epochs at batch 64, lr 2e-3. No SVHN offline. Five claim seeds;
+    # per seed, 4 adaptation seeds at 150 and 500 samples, capacities 5 and 8, 3 drop trials.
+    # Cold time: book/setup.md.
     "cpu": DigitsConfig(
-        DigitsTrain(datasets=("mnist", "mnist_m"), train_per_dataset=3000, val_per_dataset=1000,
-                    ni_train=_pretrain_tc(1e-3, 10, 64), vit_train=_pretrain_tc(5e-4, 10, 64),
-                    ni=_CPU_NI, vit=dict(dim=64, num_heads=4), vit_depth=4,
+        DigitsTrain(datasets=("mnist", "mnist_m"), train_per_dataset=20_000, val_per_dataset=1000,
+                    randaugment=(0, 0), ni_train=_pretrain_tc(2e-3, 4, 64),
+                    vit_train=_pretrain_tc(2e-3, 4, 64), ni=_CPU_NI,
+                    vit=dict(dim=80, num_heads=4), vit_depth=4,
                     vit_small=dict(dim=48, num_heads=4, mlp_hidden=192), vit_small_depth=2),
-        seeds=(0, 1, 2), kmnist_pool=5000, kmnist_eval=2000, sample_counts=(150, 500),
+        seeds=(0, 1, 2, 3, 4), kmnist_pool=5000, kmnist_eval=2000, sample_counts=(150, 500),
         finetune_lrs=(2.5e-4, 5e-4, 1e-3, 2e-3),
         adaptation_seeds=4, capacity_functions=(5, 8), drop_trials=3,
     ),

@@ -214,42 +214,60 @@ def paper_sentence(paper: str, claims) -> str:
     return ", ".join(parts) + "."
 
 
+def _unit(c: dict) -> float:
+    """What one unit on the forest plot's axis is for claim ``c``: the paper's effect beyond the
+    threshold (the margin of an equivalence), else its mde, else 1."""
+    thr, test = c.get("threshold") or 0.0, c.get("test")
+    if test == "equivalent" and thr > 0:
+        return thr
+    pe = c.get("paper_effect")
+    if pe is not None:
+        d = (pe - thr) * (-1 if test == "<" else 1)
+        if d > 0:
+            return d
+    return c.get("mde") or 1.0
+
+
 def forest_plot(claims, kind: str = "paper", ax=None):
-    """Per tested claim (of ``kind``): ours, the mean with its 95 % interval, against the
-    threshold (a bar), the paper's effect (a diamond) and where the test starts to detect an
-    effect (threshold ± mde, a tick), each quantity minus its threshold and in its own units."""
+    """Per claim of ``kind`` with an interval: ours (the mean with its 95 % interval), the
+    threshold at 0, the paper's effect at 1 (a diamond) and the mde (a tick: the smallest effect
+    the seeds detect), each claim measured beyond its threshold in the direction it claims, in
+    units of the paper's effect (an equivalence: of its margin, around 0)."""
     import matplotlib.pyplot as plt
 
     cs = [c for c in _as_dicts(claims) if c.get("kind") == kind and c.get("interval")]
     if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 0.45 * max(len(cs), 2) + 1))
+        _, ax = plt.subplots(figsize=(7.5, 0.45 * max(len(cs), 2) + 1.2))
     for i, c in enumerate(cs):
-        s, thr, test = c.get("scale", 1), c.get("threshold") or 0.0, c.get("test")
-        # an equivalence is drawn as it is, around 0 with its margin; a one-sided test as its
-        # distance beyond the threshold, in the claim's direction
+        thr, test, unit = c.get("threshold") or 0.0, c.get("test"), _unit(c)
         sign, shift = (1, 0.0) if test == "equivalent" else (-1 if test == "<" else 1, thr)
 
-        def at(x, sign=sign, shift=shift, s=s):
-            return sign * (x - shift) * s
+        def at(x, sign=sign, shift=shift, unit=unit):
+            return sign * (x - shift) / unit
 
         mean = sum(c["values"]) / len(c["values"])
-        colour = {"reproduced": "tab:green", "not reproduced": "tab:red"}.get(c["verdict"], "0.4")
+        colour = {"reproduced": "tab:green", "not reproduced": "tab:red"}.get(c["verdict"], "0.5")
         ax.plot(sorted(at(x) for x in c["interval"]), [i, i], color=colour, lw=2.5)
         ax.plot(at(mean), i, "o", color=colour)
         if c.get("paper_effect") is not None:
-            ax.plot(at(c["paper_effect"]), i, "D", color="tab:blue", ms=6, mfc="none")
+            ax.plot(at(c["paper_effect"]), i, "D", color="tab:blue", ms=7, mfc="none")
         if test == "equivalent":
-            ax.plot([-thr * s, thr * s], [i, i], ":", color="tab:blue")
+            ax.plot([-1, 1], [i, i], ":", color="tab:blue")
         if c.get("mde"):
-            ticks = [-c["mde"] * s, c["mde"] * s] if test == "equivalent" else [c["mde"] * s]
-            ax.plot(ticks, [i] * len(ticks), "|", color="k", ms=12)
+            m = c["mde"] / unit
+            ax.plot(
+                [-m, m] if test == "equivalent" else [m],
+                [i] * (2 if test == "equivalent" else 1),
+                "|",
+                color="k",
+                ms=12,
+            )
     ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(cs)), [c["id"] for c in cs], fontsize=8)
+    labels = [f"{c['id']} ({c['verdict_holm'] or c['verdict']})" for c in cs]
+    ax.set_yticks(range(len(cs)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("effect beyond the threshold, claim's direction (its own units; % → pts)")
-    ax.set_title(
-        f"{kind} claims: ours ● with 95 % interval, paper ◇, detectable from |", fontsize=9
-    )
+    ax.set_xlabel("effect beyond the threshold, in units of the paper's effect (paper = 1)")
+    ax.set_title(f"{kind} claims: ours ● with 95 % interval, paper ◇, mde |", fontsize=9)
     return ax
 
 
