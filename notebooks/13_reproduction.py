@@ -62,11 +62,13 @@ def show_paper(paper: str) -> list:
     for m in missing:
         print("missing:", m)
     for name, r in results.items():
-        seeds, sel = r["seeds"], r["selection_seeds"] or "none"
-        display(Markdown(f"`{name}`: claim seeds {seeds}, selection seeds {sel}. "
-                         + report.regime_sentence(r) + " Run it: `python -m "
-                         f"modnets.experiments.{name} --profile {PROFILE}`; at the papers' "
-                         f"scale: `{report.paper_scale_command(name)}`."))  # fmt: skip
+        run = f"python -m modnets.experiments.{name} --profile {PROFILE}"
+        text = (
+            f"`{name}`: claim seeds {r['seeds']}, selection seeds "
+            f"{r['selection_seeds'] or 'none'}. {report.regime_sentence(r)} Run it: "
+            f"`{run}`; at the papers' scale: `{report.paper_scale_command(name)}`."
+        )
+        display(Markdown(text))
     display(Markdown(report.paper_sentence(paper, claims)))
     display(report.claims_table(claims, "paper"))
     return claims
