@@ -447,8 +447,9 @@ per_seed.round(4)
 # **Reading the table.** The profile printed above decides the scale: the `smoke` profile only
 # proves that the code runs (its numbers are meaningless); the rendered book shows the `cpu`
 # profile, which uses 10 000 points per function instead of 163 840, 10 + 3 epochs instead of
-# 20 + 3, and a small model, trained from three seeds (about 14 minutes cold on two cores, the
-# sweep included). Three things make our numbers differ from
+# 20 + 3, and a small model, trained from five claim seeds, each on its own draw of the 30
+# functions, after the sweep on a selection seed that is never a claim seed (cold time:
+# book/setup.md). Three things make our numbers differ from
 # the paper's even at full scale: the function sampler and the model sizes are our reading of the
 # missing Appendix B, our functions are different random draws, and the `cpu` run sees fewer
 # samples, so it is less converged; the CLS-only regime, which must solve new functions with
@@ -456,7 +457,8 @@ per_seed.round(4)
 #
 # The question the experiment asks is about the *ordering*: does adapting the routing alone recover
 # most of what adapting all parameters achieves? The claims at the end of the chapter answer it,
-# over seeds, with rules fixed in `fb.claims` before any number was seen.
+# over seeds, by rules declared in `modnets.experiments.rules` and pinned by the rule-change log
+# (chapter 13). They presuppose the paper's regime: pretraining that fits the functions.
 #
 # **A design decision, disclosed.** With 4 functions and $\tau = 1.2$, an earlier configuration sent
 # most variable tokens through a single function, so the model has 6 functions; $\tau$, the type

@@ -294,7 +294,7 @@ def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, m
     # the chosen candidate and its finetunes at the chosen rates are seed 0's models: nothing
     # new is trained for them
     before = set(tmp_path.glob("*.pt"))
-    final = dataclasses.replace(config, train=train)
+    final = dataclasses.replace(config, train=fb.task_for(train, config.sweep.seed))
     trained = fb.trained_models(
         final, config.sweep.seed, data=(*guarded, None), show_progress=False
     )

@@ -404,11 +404,14 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
     ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
     candidate's selection R^2 and routing, and every rate's selection R^2. Candidates and their
     finetunes are checkpointed like the experiment's own models (``fuzzy_boolean-pretrain``,
-    ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``): the chosen ones *are* that seed's
-    models, which :func:`trained_models` then loads."""
-    sw, t = config.sweep, config.train
+    ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``) on that seed's own task
+    (:func:`task_for`): the chosen ones *are* that seed's models, which :func:`trained_models`
+    loads given ``task_for(train, config.sweep.seed)``. The sweep's seed is a selection seed,
+    never a claim seed."""
+    sw, base = config.sweep, config.train
     if sw is None:
-        return t, {}
+        return base, {}
+    t = task_for(base, sw.seed)  # the selection seed's own task
     data = load_data(t) if data is None else data
     pre_sel, new_sel = (selection_split(d, sw.selection_fraction) for d in data[:2])
     pre_fit, new_fit, fingerprint = _fit_points(config, data)
@@ -447,7 +450,7 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
                   {r: {str(lr): v for lr, v in d.items()} for r, d in lr_scores.items()},
               "finetune_lrs": dict(lrs), "epochs": epochs,
               "selection_points": len(pre_sel.x_val)}  # fmt: skip
-    return replace(t, model={**t.model, **chosen}, finetune_lrs=lrs), report
+    return replace(base, model={**base.model, **chosen}, finetune_lrs=lrs), report
 
 
 def _modular_every_iteration(routing: dict) -> bool:
@@ -504,15 +507,7 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     sw_seed = config.sweep.seed if config.sweep is not None else None
     if sw_seed is not None and sw_seed in config.seeds:
         raise ValueError(f"the sweep's seed {sw_seed} is one of the claim seeds {config.seeds}")
-    base = config.train
-    chosen, sweep_report = sweep(
-        replace(config, train=task_for(base, sw_seed)) if sw_seed is not None else config,
-        None,
-        device,
-        show_progress,
-        cache,
-    )
-    chosen = replace(chosen, task_seed=base.task_seed)
+    chosen, sweep_report = sweep(config, None, device, show_progress, cache)
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:
