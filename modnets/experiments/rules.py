@@ -70,6 +70,10 @@ def _pct(**kw) -> dict:
     return dict(scale=100, digits=1, unit=" pts", **kw)
 
 
+def _rel(**kw) -> dict:  # a loss relative to the full model, in per cent
+    return dict(scale=100, digits=1, unit=" %", **kw)
+
+
 # Effects read from a figure are the smallest the paper's words imply, declared before running.
 _FIG = "read from a figure: "
 _R = [
@@ -160,12 +164,12 @@ _R = [
          "than 3 percent', abstract)", "NAC §4.1, Fig. 5a, abstract",
          "< 3 % lost; ~1 % at a fifth of the FLOPs (App. F)",
          "relative top-1 loss at 80 % dropped", "<", 0.03, 0.01,
-         "NAC App. F text: ~1 % lost at a fifth of the FLOPs", **_pct()),
+         "NAC App. F text: ~1 % lost at a fifth of the FLOPs", **_rel()),
     Rule("fig10-edges", "tiny_imagenet", "paper",
          "'≈ 90% of connections can be disallowed without incurring a significant loss'",
          "NAC App. F, Fig. 10", "scale-free 60.76 → 59.1 at ~90 % (2.7 % relative)",
          "relative top-1 loss at 90 % of edges removed", "<", 0.03, 1 - 59.1 / 60.76,
-         "NAC App. F text: 60.76 → 59.1, scale-free prior", **_pct()),
+         "NAC App. F text: 60.76 → 59.1, scale-free prior", **_rel()),
     Rule("fig5b-speedup", "tiny_imagenet", "paper",
          "'a ∼ 8× speedup' with over 80 % of the modules dropped", "NAC §4.1, Fig. 5b",
          "~8x samples/s (A100, batch 64)", "throughput at 80 % dropped / full", ">", 6.0, 8.0,
@@ -176,7 +180,7 @@ _R = [
          "ring-of-cliques loses ~1 % at a fifth of the FLOPs (App. F), more robust (figure)",
          "scale-free − ring-of-cliques relative top-1 loss at 80 % dropped", ">", 0.0, 0.01,
          _FIG + "the priors' curves separate, read as at least 1 %, ring-of-cliques the robust "
-         "one as App. F names it", **_pct()),
+         "one as App. F names it", **_rel()),
     Rule("ours-throughput-tracks-flops", "tiny_imagenet", "ours",
          "Throughput tracks the FLOP cut when modules are dropped", "ours (NAC Fig. 5b)", "-",
          "speed-up / FLOP cut at 80 % dropped", ">", 0.5, digits=2),
