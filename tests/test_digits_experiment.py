@@ -291,16 +291,27 @@ def _made_up(**q) -> dict:
 
 
 def test_claims_compute_every_verdict_from_made_up_results():
-    tested = ("fig5a-ni-vs-vit", "fig6-pretrained-vs-resampled", "fig5b-capacity",
-              "fig5c-drop-one", "val-match", "ours-fig5a-matched", "ours-fig5a-params",
-              "ours-more-iterations", "ours-extra-iterations")  # fmt: skip
+    tested = (
+        "fig5a-ni-vs-vit",
+        "fig6-pretrained-vs-resampled",
+        "fig5b-capacity",
+        "fig5c-drop-one",
+        "val-match",
+        "ours-fig5a-matched",
+        "ours-fig5a-params",
+        "ours-more-iterations",
+        "ours-extra-iterations",
+    )
     untested = {"svhn": "not testable here", "fig8-pgm": "not testable here"}
     reproduced = _made_up(**_REPRODUCED)
     out = {c.id: c for c in digits.claims(reproduced)}
     verdicts = {k: c.verdict for k, c in out.items()}
     # the NI - ViT gap at 150 samples (0.1) is wider than at 500 (0): it closes with data
-    assert verdicts == {**dict.fromkeys(tested, "reproduced"), **untested,
-                        "fig5a-gap-closes": "reproduced"}  # fmt: skip
+    assert verdicts == {
+        **dict.fromkeys(tested, "reproduced"),
+        **untested,
+        "fig5a-gap-closes": "reproduced",
+    }
     assert out["val-match"].values == pytest.approx([-0.001, 0.002, -0.001])  # signed
     assert out["ours-more-iterations"].kind == "ours" and out["fig5a-ni-vs-vit"].kind == "paper"
     failed = _made_up(
@@ -310,8 +321,11 @@ def test_claims_compute_every_verdict_from_made_up_results():
         double=[0.30, 0.31, 0.32], ni_val=[0.90, 0.91, 0.92], vit_val=[0.80, 0.81, 0.80],
     )  # fmt: skip
     verdicts = {c.id: c.verdict for c in digits.claims(failed)}
-    assert verdicts == {**dict.fromkeys(tested, "not reproduced"), **untested,
-                        "fig5a-gap-closes": "not reproduced"}  # fmt: skip
+    assert verdicts == {
+        **dict.fromkeys(tested, "not reproduced"),
+        **untested,
+        "fig5a-gap-closes": "not reproduced",
+    }
     noisy = _made_up(
         ni=[0.60, 0.40, 0.52], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.62, 0.50],
         cap_min=[0.50, 0.62, 0.51], cap_max=[0.60, 0.51, 0.53], drop0=[0.90, 0.91, 0.92],
@@ -319,8 +333,11 @@ def test_claims_compute_every_verdict_from_made_up_results():
         double=[0.90, 0.70, 0.95], ni_val=[0.90, 0.91, 0.92], vit_val=[0.90, 0.95, 0.91],
     )  # fmt: skip
     verdicts = {c.id: c.verdict for c in digits.claims(noisy)}
-    assert verdicts == {**dict.fromkeys(tested, "inconclusive"), **untested,
-                        "fig5a-gap-closes": "inconclusive"}  # fmt: skip
+    assert verdicts == {
+        **dict.fromkeys(tested, "inconclusive"),
+        **untested,
+        "fig5a-gap-closes": "inconclusive",
+    }
     # models that never learned MNIST: outside NI §4.2's regime, nothing decided
     weak = _made_up(**{**_REPRODUCED, "mnist": 0.7})
     assert {c.verdict for c in digits.claims(weak)} == {"not testable here"}
@@ -330,11 +347,19 @@ def test_claims_compute_every_verdict_from_made_up_results():
 
 
 _REPRODUCED = dict(
-    ni=[0.60, 0.62, 0.61], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.42, 0.41],
-    cap_min=[0.50, 0.52, 0.51], cap_max=[0.60, 0.61, 0.63], drop0=[0.90, 0.91, 0.92],
-    drop1=[0.88, 0.885, 0.90], half=[0.70, 0.72, 0.71], full=[0.90, 0.91, 0.92],
-    double=[0.90, 0.90, 0.91], ni_val=[0.90, 0.91, 0.92], vit_val=[0.901, 0.908, 0.921],
-)  # fmt: skip
+    ni=[0.60, 0.62, 0.61],
+    vit=[0.50, 0.51, 0.52],
+    resampled=[0.40, 0.42, 0.41],
+    cap_min=[0.50, 0.52, 0.51],
+    cap_max=[0.60, 0.61, 0.63],
+    drop0=[0.90, 0.91, 0.92],
+    drop1=[0.88, 0.885, 0.90],
+    half=[0.70, 0.72, 0.71],
+    full=[0.90, 0.91, 0.92],
+    double=[0.90, 0.90, 0.91],
+    ni_val=[0.90, 0.91, 0.92],
+    vit_val=[0.901, 0.908, 0.921],
+)
 
 
 def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatch):

@@ -221,16 +221,28 @@ def test_claims_compute_every_verdict_from_made_up_results():
     # gap closed (0.98 - 0.9) / (0.995 - 0.9) = 0.84: consistent with the paper's 0.87
     assert out[1].values[0] == pytest.approx(0.08 / 0.095) and out[1].paper_effect > 0.8
     # type no better than cls, all worse than type
-    failed = _made_up({"pretrain": [0.998, 0.997, 0.999], "cls": [0.95, 0.96, 0.97],
-                       "type": [0.90, 0.905, 0.92], "all": [0.995, 0.996, 0.997]})  # fmt: skip
+    failed = _made_up(
+        {
+            "pretrain": [0.998, 0.997, 0.999],
+            "cls": [0.95, 0.96, 0.97],
+            "type": [0.90, 0.905, 0.92],
+            "all": [0.995, 0.996, 0.997],
+        }
+    )
     verdicts = {c.id: c.verdict for c in fb.claims(failed)}
     assert verdicts["table1-type-beats-cls"] == verdicts["table1-gap-closed"] == "not reproduced"
     noisy = _made_up({"pretrain": [0.998, 0.999, 0.995], "cls": [0.90, 0.95, 0.92],
                       "type": [0.95, 0.92, 0.93], "all": [0.97, 0.91, 0.99]})  # fmt: skip
     assert {c.verdict for c in fb.claims(noisy)} == {"inconclusive"}
     # pretraining that did not fit the functions: outside the paper's regime, nothing decided
-    poor = _made_up({"pretrain": [0.90, 0.91, 0.92], "cls": [0.90, 0.91, 0.92],
-                     "type": [0.98, 0.985, 0.99], "all": [0.995, 0.996, 0.997]})  # fmt: skip
+    poor = _made_up(
+        {
+            "pretrain": [0.90, 0.91, 0.92],
+            "cls": [0.90, 0.91, 0.92],
+            "type": [0.98, 0.985, 0.99],
+            "all": [0.995, 0.996, 0.997],
+        }
+    )
     out = fb.claims(poor)
     assert {c.verdict for c in out} == {"not testable here"}
     assert "pretraining R², worst seed 0.9 (needs >= 0.99)" in out[0].reason

@@ -284,8 +284,18 @@ def test_untestable_and_rendering():
 
 def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
     reg = harness.regime("r", {})
-    ok = harness.results_dict("x", "smoke", fb.CONFIGS["smoke"], [0, 1], {}, {}, [],
-                              {"code_fingerprint": "f"}, selection_seeds=[7], regime=reg)  # fmt: skip
+    ok = harness.results_dict(
+        "x",
+        "smoke",
+        fb.CONFIGS["smoke"],
+        [0, 1],
+        {},
+        {},
+        [],
+        {"code_fingerprint": "f"},
+        selection_seeds=[7],
+        regime=reg,
+    )
     assert tuple(ok) == harness.SCHEMA and ok["config"]["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="keys"):
         harness.check_results({k: v for k, v in ok.items() if k != "claims"})
@@ -401,8 +411,9 @@ def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path)
     a = cl.holm([cl.test("table1-type-beats-cls", [0.05, 0.3, 0.2, 0.25, 0.02])], "fuzzy")
     b = cl.holm([cl.test("fig5a-ni-vs-vit", [0.05, 0.4, 0.1, 0.3, 0.02])], "digits")
     for name, claims in (("fuzzy_boolean", a), ("digits", b)):
-        results = harness.results_dict(name, "cpu", {}, [0, 1, 2, 3, 4], {}, {}, claims, {},
-                                       regime=harness.regime("r", {}))  # fmt: skip
+        results = harness.results_dict(
+            name, "cpu", {}, [0, 1, 2, 3, 4], {}, {}, claims, {}, regime=harness.regime("r", {})
+        )
         save_results(results, results_path(name, "cpu", tmp_path))
     assert a[0].verdict_holm == "reproduced"  # alone in its experiment's family
     paper, ours, claims, missing = report.reproduction(("fuzzy_boolean", "digits"), "cpu", tmp_path)

@@ -286,13 +286,18 @@ def test_claims_compute_every_verdict_from_made_up_results():
     assert claims["table5-5"].verdict == "reproduced" and claims["table5-5"].reason == ""
     # held-out gains (0.147, -0.097, 0.30) against none on trained counts
     inter = claims["table5-interaction"]
-    np.testing.assert_allclose(inter.values, [(0.15 - 0.10 + 0.30) / 3, (0.13 - 0.09 + 0.29) / 3,
-                                              (0.14 - 0.10 + 0.31) / 3])  # fmt: skip
+    np.testing.assert_allclose(
+        inter.values, [(0.15 - 0.10 + 0.30) / 3, (0.13 - 0.09 + 0.29) / 3, (0.14 - 0.10 + 0.31) / 3]
+    )
     assert inter.verdict == "reproduced" and inter.kind == "paper"
     assert inter.paper_effect == pytest.approx((11.66 + 3.55 + 5.21) / 300 + 0.045 / 100)
     # no dip on 2 digits (the CNN sits above its neighbours): decided all the same, no gate
-    flat = _made_up({"CNN": {1: [0.99] * 3, 2: [0.95, 0.96, 0.94], 3: [0.88] * 3},
-                     "NFM(CNN)": {1: [0.99] * 3, 2: [0.99, 0.985, 0.99], 3: [0.88] * 3}})  # fmt: skip
+    flat = _made_up(
+        {
+            "CNN": {1: [0.99] * 3, 2: [0.95, 0.96, 0.94], 3: [0.88] * 3},
+            "NFM(CNN)": {1: [0.99] * 3, 2: [0.99, 0.985, 0.99], 3: [0.88] * 3},
+        }
+    )
     flat["config"]["test_counts"] = [1, 2, 3]
     c2 = sm.claims(flat)[0]
     assert c2.verdict == "reproduced"
@@ -300,8 +305,12 @@ def test_claims_compute_every_verdict_from_made_up_results():
     assert claims["table5-2"].source == "NFM Table 5"
     np.testing.assert_allclose(claims["table5-4"].values, [-0.10, -0.09, -0.10])
     # a CNN that does not fit the trained counts: outside Table 5's regime, nothing decided
-    weak = _made_up({"CNN": {1: [0.5] * 3, 2: [0.2, 0.25, 0.3], 3: [0.3] * 3},
-                     "NFM(CNN)": {1: [0.5] * 3, 2: [0.5, 0.55, 0.6], 3: [0.3] * 3}})  # fmt: skip
+    weak = _made_up(
+        {
+            "CNN": {1: [0.5] * 3, 2: [0.2, 0.25, 0.3], 3: [0.3] * 3},
+            "NFM(CNN)": {1: [0.5] * 3, 2: [0.5, 0.55, 0.6], 3: [0.3] * 3},
+        }
+    )
     weak["config"]["test_counts"] = [1, 2, 3]
     assert {c.verdict for c in sm.claims(weak)} == {"not testable here"}
     assert "CNN on 1 digits, worst seed 0.5" in sm.claims(weak)[0].reason

@@ -121,24 +121,36 @@ def fake_results(nac: dict, pio: dict, mean_p: float = 0.2) -> dict:
             r["drop"] = [
                 {"fraction": f, "top1": a} for f, a in zip((0.0, 0.8, 0.9), accs, strict=True)
             ]
-            r["speed"] = [{"fraction": f, "gflops": g, "samples_per_s": 1.0}
-                          for f, g in zip((0.0, 0.8, 0.9), values["gflops"], strict=True)]  # fmt: skip
+            r["speed"] = [
+                {"fraction": f, "gflops": g, "samples_per_s": 1.0}
+                for f, g in zip((0.0, 0.8, 0.9), values["gflops"], strict=True)
+            ]
             out.append(r)
         return out
 
     diag = [{"links_trained": {"mean_offdiagonal_P": mean_p}} for _ in nac["top1"]]
-    return {"config": {"train": {"classes": 20}},
-            "models": {"Perceiver IO": {"per_seed": runs(pio)},
-                       "NAC (scale_free)": {"per_seed": runs(nac)}},
-            "diagnostics": {"NAC (scale_free)": diag}}  # fmt: skip
+    return {
+        "config": {"train": {"classes": 20}},
+        "models": {
+            "Perceiver IO": {"per_seed": runs(pio)},
+            "NAC (scale_free)": {"per_seed": runs(nac)},
+        },
+        "diagnostics": {"NAC (scale_free)": diag},
+    }
 
 
 def test_claims_on_made_up_results_give_every_verdict():
     # each field made up on its own (they need not be consistent with each other here)
-    nac = {"top1": [0.60, 0.61, 0.62], "top1_at80": [0.59, 0.60, 0.615], "gflops": (1.0, 0.3, 0.2),
-           "relative_lost_at80": [0.01, 0.012, 0.011],
-           "speedup_at80": [2.0, 2.1, 1.9], "relative_lost_edges90": [-0.05, 0.02, 0.09],
-           "top1_at80_random": [0.30, 0.33, 0.31], "top1_at80_most": [0.61, 0.58, 0.62]}  # fmt: skip
+    nac = {
+        "top1": [0.60, 0.61, 0.62],
+        "top1_at80": [0.59, 0.60, 0.615],
+        "gflops": (1.0, 0.3, 0.2),
+        "relative_lost_at80": [0.01, 0.012, 0.011],
+        "speedup_at80": [2.0, 2.1, 1.9],
+        "relative_lost_edges90": [-0.05, 0.02, 0.09],
+        "top1_at80_random": [0.30, 0.33, 0.31],
+        "top1_at80_most": [0.61, 0.58, 0.62],
+    }
     pio = {"top1": [0.50, 0.52, 0.51], "top1_at80": [0.40, 0.41, 0.42], "gflops": (1.0, 0.2, 0.1)}
     claims = {c.id: c for c in ti.claims(fake_results(nac, pio))}
     assert {k: c.verdict for k, c in claims.items()} == {

@@ -818,10 +818,18 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
     }
     partial = {"config": asdict(config), "models": models}
     partial["regime"] = regime(partial)
-    return harness.results_dict(NAME, profile, config, config.seeds, models, diag,
-                                claims(partial), harness.provenance(start, TRAIN_CODE),
-                                selection_seeds=config.selection_seeds,
-                                regime=partial["regime"])  # fmt: skip
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        diag,
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=partial["regime"],
+    )
 
 
 def draws_for(config: DigitsConfig, seed: int) -> DigitsConfig:
@@ -852,9 +860,11 @@ def regime(results: dict) -> dict:
     worst = {k: min(r["val_acc"]["mnist"] for r in m[k]["per_seed"]) for k in ("ni", "vit")}
     return harness.regime(
         f"MNIST validation accuracy ≥ {REGIME_MNIST:.0%} for the NI and the ViT on every seed",
-        {f"{MODEL_NAMES[k]} MNIST validation, worst seed": (v, REGIME_MNIST, ">=")
-         for k, v in worst.items()},
-    )  # fmt: skip
+        {
+            f"{MODEL_NAMES[k]} MNIST validation, worst seed": (v, REGIME_MNIST, ">=")
+            for k, v in worst.items()
+        },
+    )
 
 
 def claims(results: dict) -> list:
@@ -875,8 +885,12 @@ def claims(results: dict) -> list:
 
     ni_acc, vit_acc = adapted(ni, "adaptation", n_min), adapted(vit, "adaptation", n_min)
     gap_min = [a - b for a, b in zip(ni_acc, vit_acc, strict=True)]
-    gap_max = [a - b for a, b in zip(adapted(ni, "adaptation", n_max),
-                                     adapted(vit, "adaptation", n_max), strict=True)]  # fmt: skip
+    gap_max = [
+        a - b
+        for a, b in zip(
+            adapted(ni, "adaptation", n_max), adapted(vit, "adaptation", n_max), strict=True
+        )
+    ]
     drop_loss = [_drop_mean(_at(r["drop"], 0)) - _drop_mean(_at(r["drop"], 1)) for r in ni]
     more = [any_acc(r, r["num_iterations"]) - any_acc(r, r["num_iterations"] // 2) for r in ni]
     extra = [any_acc(r, 2 * r["num_iterations"]) - any_acc(r, r["num_iterations"]) for r in ni]

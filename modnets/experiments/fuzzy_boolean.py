@@ -539,11 +539,18 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
                         "sweep": sweep_report, "functions": functions},
     }  # fmt: skip
     results["regime"] = regime(results)
-    return harness.results_dict(NAME, profile, config, config.seeds, models,
-                                results["diagnostics"], claims(results),
-                                harness.provenance(start, TRAIN_CODE),
-                                selection_seeds=[] if sw_seed is None else [sw_seed],
-                                regime=results["regime"])  # fmt: skip
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        results["diagnostics"],
+        claims(results),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=[] if sw_seed is None else [sw_seed],
+        regime=results["regime"],
+    )
 
 
 #: The regime NI Table 1's claims presuppose: pretraining fits the functions (the paper: R²
@@ -554,8 +561,10 @@ REGIME_R2 = 0.99
 def regime(results: dict) -> dict:
     """Whether every seed's pretrained model reached :data:`REGIME_R2` (the worst seed)."""
     r2 = per_seed(results["models"]["pretrain"]["per_seed"], "mean_r2")
-    return harness.regime(f"pretraining R² ≥ {REGIME_R2} on every seed (NI Table 1: .9983)",
-                          {"pretraining R², worst seed": (min(r2), REGIME_R2, ">=")})  # fmt: skip
+    return harness.regime(
+        f"pretraining R² ≥ {REGIME_R2} on every seed (NI Table 1: .9983)",
+        {"pretraining R², worst seed": (min(r2), REGIME_R2, ">=")},
+    )
 
 
 def claims(results: dict) -> list:

@@ -347,9 +347,19 @@ def provenance(start: float, code: Sequence = ()) -> dict:
     }
 
 
-def results_dict(experiment: str, profile: str, config, seeds: Sequence[int], models: dict,
-                 diagnostics: dict, claims: list, provenance: dict, *,
-                 selection_seeds: Sequence[int] = (), regime: dict | None = None) -> dict:  # fmt: skip
+def results_dict(
+    experiment: str,
+    profile: str,
+    config,
+    seeds: Sequence[int],
+    models: dict,
+    diagnostics: dict,
+    claims: list,
+    provenance: dict,
+    *,
+    selection_seeds: Sequence[int] = (),
+    regime: dict | None = None,
+) -> dict:
     """The results of one experiment in :data:`SCHEMA` (plain JSON throughout).
 
     ``selection_seeds``: the seeds any choice of the configuration was made on (sweeps, learning
@@ -412,8 +422,12 @@ def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
         if not (ok and math.isfinite(value)):
             failed.append(f"{name} {value:.4g} (needs {direction} {bar:.4g})")
     measured = {k: {"value": v, "bar": b, "direction": d} for k, (v, b, d) in checks.items()}
-    return {"required": required, "reached": not failed, "shortfall": "; ".join(failed),
-            "measured": measured}  # fmt: skip
+    return {
+        "required": required,
+        "reached": not failed,
+        "shortfall": "; ".join(failed),
+        "measured": measured,
+    }
 
 
 def import_experiment(name: str) -> ModuleType:

@@ -241,8 +241,9 @@ def training_data(train: StackedMNISTTrain, root=None, verify: bool = True) -> d
     return out
 
 
-def load_test_canvases(config: StackedMNISTConfig, root=None, verify: bool = True,
-                       seed: int = 0) -> dict:  # fmt: skip
+def load_test_canvases(
+    config: StackedMNISTConfig, root=None, verify: bool = True, seed: int = 0
+) -> dict:
     """``{count: StackedMNIST}``: test canvases from MNIST's test split, drawn from
     ``data_seed`` and the claim ``seed`` (each seed is evaluated on its own draw)."""
     x_te, y_te = load_mnist("test", root=root, verify=verify)
@@ -561,10 +562,18 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
     diags = {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
     partial = {"config": asdict(config), "models": models}
     partial["regime"] = regime(partial)
-    return harness.results_dict(NAME, profile, config, config.seeds, models, diags,
-                                claims(partial), harness.provenance(start, TRAIN_CODE),
-                                selection_seeds=config.selection_seeds,
-                                regime=partial["regime"])  # fmt: skip
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        diags,
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=partial["regime"],
+    )
 
 
 def _convergence(history: dict) -> dict:
@@ -601,10 +610,16 @@ def regime(results: dict) -> dict:
     for c in trained:
         if c in paper and c in [int(t) for t in cfg["test_counts"]]:
             worst = min(_test(r, c)["exact"] for r in m["CNN"]["per_seed"])
-            checks[f"CNN on {c} digits, worst seed"] = (worst, REGIME_FRACTION * paper[c][0] / 100,
-                                                        ">=")  # fmt: skip
-    return harness.regime(f"the CNN at ≥ {REGIME_FRACTION:.0%} of NFM Table 5's CNN accuracy on "
-                          "each trained count, every seed", checks)  # fmt: skip
+            checks[f"CNN on {c} digits, worst seed"] = (
+                worst,
+                REGIME_FRACTION * paper[c][0] / 100,
+                ">=",
+            )
+    return harness.regime(
+        f"the CNN at ≥ {REGIME_FRACTION:.0%} of NFM Table 5's CNN accuracy on "
+        "each trained count, every seed",
+        checks,
+    )
 
 
 def _test(run: dict, c: int) -> dict:

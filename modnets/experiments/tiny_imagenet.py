@@ -620,13 +620,24 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
     for name in diag:  # the mechanism the dropping claims rely on: a diagnostic, not a gate
         holds, reason = dropping_matters(models[name]["per_seed"])
         models[name]["dropping_matters"] = {"holds": holds, "reason": reason}
-    partial = {"models": models, "config": {"train": {"classes": config.train.classes}},
-               "diagnostics": diag}  # fmt: skip
+    partial = {
+        "models": models,
+        "config": {"train": {"classes": config.train.classes}},
+        "diagnostics": diag,
+    }
     partial["regime"] = regime(partial)
-    return harness.results_dict(NAME, profile, config, config.seeds, models, diag,
-                                claims(partial), harness.provenance(start, TRAIN_CODE),
-                                selection_seeds=config.selection_seeds,
-                                regime=partial["regime"])  # fmt: skip
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        diag,
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=partial["regime"],
+    )
 
 
 def _nac_key(models: dict) -> str:
@@ -672,15 +683,19 @@ def regime(results: dict) -> dict:
     m = results["models"]
     classes = results["config"]["train"]["classes"] or 200
     bar = REGIME_CHANCE_MULTIPLE / classes
-    checks = {f"{k} top-1, worst seed": (min(per_seed(v["per_seed"], "top1")), bar, ">=")
-              for k, v in m.items()}  # fmt: skip
+    checks = {
+        f"{k} top-1, worst seed": (min(per_seed(v["per_seed"], "top1")), bar, ">=")
+        for k, v in m.items()
+    }
     for k, d in results["diagnostics"].items():
         if k.startswith("NAC") and d:
             p = max(s["links_trained"]["mean_offdiagonal_P"] for s in d)
             checks[f"{k} mean off-diagonal P, worst seed"] = (p, REGIME_MEAN_P, "<=")
-    return harness.regime(f"top-1 ≥ {REGIME_CHANCE_MULTIPLE:g}x chance for every model and a "
-                          f"sparse NAC circuit (mean P ≤ {REGIME_MEAN_P}) on every seed",
-                          checks)  # fmt: skip
+    return harness.regime(
+        f"top-1 ≥ {REGIME_CHANCE_MULTIPLE:g}x chance for every model and a "
+        f"sparse NAC circuit (mean P ≤ {REGIME_MEAN_P}) on every seed",
+        checks,
+    )
 
 
 def at_flops(run: dict, gflops: float) -> float:
@@ -719,23 +734,38 @@ def claims(results: dict) -> list:
         test("fig5a-drop80", per_seed(nac, "relative_lost_at80")),
         test("fig10-edges", per_seed(nac, "relative_lost_edges90")),
     ]  # fmt: skip
-    flop_cut = float(np.mean([r["speed"][0]["gflops"] / _at(r["speed"], DROP_AT)["gflops"]
-                              for r in nac]))  # fmt: skip
+    flop_cut = float(
+        np.mean([r["speed"][0]["gflops"] / _at(r["speed"], DROP_AT)["gflops"] for r in nac])
+    )
     if flop_cut < RULES["fig5b-speedup"].threshold:
-        out.append(untestable("fig5b-speedup", f"dropping 80 % of the modules cuts the FLOPs "
-                              f"only {flop_cut:.1f}x at this size (the tokeniser and read-out "
-                              "stay), so a 6-8x throughput gain is out of reach"))  # fmt: skip
+        out.append(
+            untestable(
+                "fig5b-speedup",
+                f"dropping 80 % of the modules cuts the FLOPs "
+                f"only {flop_cut:.1f}x at this size (the tokeniser and read-out "
+                "stay), so a 6-8x throughput gain is out of reach",
+            )
+        )
     else:
         out.append(test("fig5b-speedup", per_seed(nac, "speedup_at80")))
     robust = "NAC (ring_of_cliques)"
     if "NAC (scale_free)" in m and robust in m:
-        sf, rc = _paired(m["NAC (scale_free)"]["per_seed"], m[robust]["per_seed"],
-                         "relative_lost_at80", "relative_lost_at80")  # fmt: skip
+        sf, rc = _paired(
+            m["NAC (scale_free)"]["per_seed"],
+            m[robust]["per_seed"],
+            "relative_lost_at80",
+            "relative_lost_at80",
+        )
         out.append(paired("priors-differ", sf, rc, ("scale-free", "ring-of-cliques")))
     else:
-        out.append(untestable("priors-differ", "needs NACs with the scale-free and the "
-                              "ring-of-cliques prior; this profile trains "
-                              + ", ".join(k for k in m if k.startswith("NAC"))))  # fmt: skip
+        out.append(
+            untestable(
+                "priors-differ",
+                "needs NACs with the scale-free and the "
+                "ring-of-cliques prior; this profile trains "
+                + ", ".join(k for k in m if k.startswith("NAC")),
+            )
+        )
     speedups = per_seed(nac, "speedup_at80")
     cuts = [r["speed"][0]["gflops"] / _at(r["speed"], DROP_AT)["gflops"] for r in nac]
     out += [
