@@ -2,7 +2,9 @@
 
 * :func:`routing` -- NI: how spread the routing ``C`` is, and :func:`routing_regime` whether it
   is collapsed, modular or uniform;
-  :func:`ni_routing` runs a model under a trace and applies it to the input elements.
+  :func:`ni_routing` runs a model under a trace and applies it to the input elements;
+  :func:`path_distance` (NI Fig. 3) says how differently samples are routed and
+  :func:`type_clustering` (NI Fig. 4) how clustered the inferred types are, per iteration.
 * :func:`links` -- NAC: how sparse the link probabilities ``P`` are and how unequal the
   module importances ``q_i`` (App. F).
 * :func:`nfm_reads` -- NFM: how much weight each read puts on reading nothing (the default slot).
@@ -19,7 +21,17 @@ from torch import Tensor
 
 from modnets.utils import wrap
 
-__all__ = ["routing", "routing_regime", "regime_line", "ni_routing", "links", "nfm_reads"]
+__all__ = [
+    "routing",
+    "routing_regime",
+    "regime_line",
+    "ni_routing",
+    "path_distance",
+    "type_clustering",
+    "ni_paths_and_types",
+    "links",
+    "nfm_reads",
+]
 
 
 #: :func:`routing_regime`: a function is *used* when it carries at least this share of the
@@ -112,6 +124,84 @@ def ni_routing(model, inputs: Tensor) -> dict:
     with trace("ni.compatibility") as t:
         model(inputs.to(next(model.parameters()).device))
     return routing(t.stack("ni.compatibility"), tokens=slice(model.config.num_cls, None))
+
+
+def path_distance(compat: Tensor) -> float:
+    """NI Fig. 3 as a number: how differently samples are routed. Each element's *path* is its
+    routing ``C`` normalised over functions at every iteration; two samples are compared element
+    by element (same position) with the total-variation distance ``1/2 sum_u |p_u - p'_u|``,
+    averaged over iterations and positions, and this is averaged over all pairs of samples in
+    ``compat`` ``(n_i, B, U, T)``. 0: every sample routed alike (routing blind to the input);
+    1: no two samples share a function anywhere."""
+    if compat.dim() != 4 or compat.shape[1] < 2:
+        raise ValueError(
+            f"compat must be (iterations, batch >= 2, U, T), got {tuple(compat.shape)}"
+        )
+    C = compat.float()
+    p = C / C.sum(2, keepdim=True).clamp_min(1e-12)  # (n_i, B, U, T)
+    p = p.permute(1, 0, 3, 2).flatten(1, 2)  # (B, n_i * T, U): one path per sample
+    B = p.shape[0]
+    # one sample against all at a time: memory B * n_i * T * U, not B² times that
+    tv = sum(float(0.5 * (p[b] - p).abs().sum(-1).mean(-1).sum()) for b in range(B))
+    return tv / (B * (B - 1))
+
+
+def silhouette(x: Tensor, labels: Tensor) -> float:
+    """Mean silhouette of unit vectors ``x`` ``(M, d)`` grouped by ``labels`` ``(M,)`` in the
+    distance ``1 - x·x'`` (NI eq. 3's type distance): per point ``(b - a) / max(a, b)`` with ``a``
+    its mean distance to its own group, ``b`` to the nearest other group; 0 for a point alone
+    in its group, and 0 when there is only one group (no cluster structure to speak of)."""
+    groups = labels.unique()
+    if len(groups) < 2:
+        return 0.0
+    d = 1 - x.float() @ x.float().T
+    onehot = (labels[:, None] == groups[None]).float()  # (M, G)
+    sizes = onehot.sum(0)
+    sums = d @ onehot  # (M, G): summed distance to each group
+    own = (onehot * sums).sum(1) / (onehot @ sizes - 1).clamp_min(1)
+    other = (sums / sizes).masked_fill(onehot.bool(), math.inf).min(1).values
+    s = (other - own) / torch.maximum(own, other).clamp_min(1e-12)
+    alone = (onehot @ sizes) == 1
+    return float(s.masked_fill(alone, 0.0).mean())
+
+
+def type_clustering(types: Tensor, signatures: Tensor) -> list[float]:
+    """NI Fig. 4 as numbers: per function iteration, the :func:`silhouette` of the inferred
+    types ``(n_i, M, d_type)`` grouped by their closest signature ``(U, d_type)`` (the colours of
+    the paper's t-SNE). Higher: the elements have developed a type."""
+    if types.dim() != 3 or signatures.dim() != 2 or types.shape[-1] != signatures.shape[-1]:
+        shapes = f"{tuple(types.shape)} and {tuple(signatures.shape)}"
+        raise ValueError(
+            f"types must be (iterations, elements, d_type), signatures (U, d_type); got {shapes}"
+        )
+    closest = (types.float() @ signatures.float().T).argmax(-1)
+    return [silhouette(t, c) for t, c in zip(types, closest, strict=True)]
+
+
+@torch.no_grad()
+def ni_paths_and_types(model, inputs: Tensor, max_elements: int = 4096) -> dict:
+    """A Neural Interpreter's :func:`path_distance` and :func:`type_clustering` (per iteration,
+    over every script) for its input elements (CLS tokens left out) on ``inputs``, in evaluation
+    mode. With several scripts, each element's type is matched against its own script's
+    signatures. The silhouette uses at most ``max_elements`` elements (a fixed draw): its cost is
+    their number squared."""
+    from modnets.probes import trace
+
+    model.eval()
+    with trace("ni.compatibility", "ni.types") as t:
+        model(inputs.to(next(model.parameters()).device))
+    cls = model.config.num_cls
+    compat = t.stack("ni.compatibility")[..., cls:]
+    types = t.stack("ni.types")[:, :, cls:].flatten(1, 2).cpu()  # (iterations, B * T, d_type)
+    if types.shape[1] > max_elements:
+        keep = torch.randperm(types.shape[1], generator=torch.Generator().manual_seed(0))
+        types = types[:, keep[:max_elements]]
+    per_script = model.config.num_iterations
+    clustering = [
+        type_clustering(types[i : i + 1], model.scripts[i // per_script].signatures.cpu())[0]
+        for i in range(types.shape[0])
+    ]
+    return {"path_distance": path_distance(compat), "type_silhouette": clustering}
 
 
 def routing_shift(before: Tensor, after: Tensor) -> list[float]:

@@ -128,3 +128,59 @@ def test_function_shares_are_drawn_as_stacked_bars_of_the_shares():
     assert {t.get_text() for t in ax.texts} == {"seed 0: modular", "seed 1: collapsed"}
     with pytest.raises(ValueError, match="entries"):
         draw_function_shares([])
+
+
+def test_path_distance_is_zero_for_input_blind_routing_and_one_for_disjoint_paths():
+    same = torch.rand(2, 1, 4, 3).expand(2, 5, 4, 3)  # every sample routed alike
+    assert dg.path_distance(same) == pytest.approx(0.0, abs=1e-7)
+    disjoint = torch.zeros(1, 2, 2, 3)
+    disjoint[0, 0, 0] = 0.7  # sample 0: every element to function 0 (weight is normalised)
+    disjoint[0, 1, 1] = 0.2  # sample 1: every element to function 1
+    assert dg.path_distance(disjoint) == pytest.approx(1.0)
+    half = disjoint.clone()
+    half[0, 1, 0] = 0.2  # sample 1 now splits every element evenly: TV 1/2
+    assert dg.path_distance(half) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="batch >= 2"):
+        dg.path_distance(torch.rand(1, 1, 2, 3))
+
+
+def test_silhouette_matches_its_definition_point_by_point():
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(30, 4, generator=g), dim=-1)
+    labels = torch.randint(0, 3, (30,), generator=g)
+    labels[0] = 3  # a group of one: silhouette 0 by convention
+    d = 1 - x @ x.T
+    expected = []
+    for i in range(30):
+        own = labels == labels[i]
+        if own.sum() == 1:
+            expected.append(0.0)
+            continue
+        a = d[i, own].sum() / (own.sum() - 1)
+        b = min(d[i, labels == k].mean() for k in labels.unique() if k != labels[i])
+        expected.append(float((b - a) / max(a, b)))
+    assert dg.silhouette(x, labels) == pytest.approx(sum(expected) / 30, abs=1e-6)
+    assert dg.silhouette(x, torch.zeros(30, dtype=torch.long)) == 0.0
+
+
+def test_types_on_their_signatures_are_perfectly_clustered_and_random_ones_are_not():
+    g = torch.Generator().manual_seed(1)
+    sig = torch.nn.functional.normalize(torch.randn(4, 8, generator=g), dim=-1)
+    on = sig.repeat(10, 1)  # every type exactly at a signature
+    noise = torch.nn.functional.normalize(torch.randn(40, 8, generator=g), dim=-1)
+    first, last = dg.type_clustering(torch.stack([noise, on]), sig)
+    assert last == pytest.approx(1.0) and first < 0.5
+    with pytest.raises(ValueError, match="signatures"):
+        dg.type_clustering(on[None], sig[:, :4])
+
+
+def test_ni_paths_and_types_read_every_iteration_of_every_script():
+    torch.manual_seed(0)
+    sizes = dict(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2)
+    io = dict(input_kind="vector", num_elements=5, num_cls=2, num_outputs=1)
+    cfg = NIConfig(**sizes, **io, num_scripts=2, truncation=1.6)
+    model = NeuralInterpreter(cfg)
+    out = dg.ni_paths_and_types(model, torch.rand(6, 5))
+    assert len(out["type_silhouette"]) == 4 and out["path_distance"] > 0
+    same = dg.ni_paths_and_types(model, torch.rand(1, 5).expand(6, 5))
+    assert same["path_distance"] == pytest.approx(0.0, abs=1e-6)

@@ -274,6 +274,8 @@ def _made_up(**q) -> dict:
             "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
             "drop": {"0": {"mnist": [drop0], "mnist_m": [drop0]},
                      "1": {"mnist": [drop1 - 0.02, drop1 + 0.02], "mnist_m": [drop1] * 2}},
+            "path_distance": q["paths"][s],
+            "type_silhouette": [q["sil_first"][s], 0.5, q["sil_last"][s]],
             "anytime": {"2": {"mnist": q["half"][s], "mnist_m": q["half"][s]},
                         "4": {"mnist": q["full"][s] - 0.01, "mnist_m": q["full"][s] + 0.01},
                         "8": {"mnist": q["double"][s], "mnist_m": q["double"][s]}},
@@ -296,6 +298,8 @@ def test_claims_compute_every_verdict_from_made_up_results():
         "fig6-pretrained-vs-resampled",
         "fig5b-capacity",
         "fig5c-drop-one",
+        "fig3-paths-differ",
+        "fig4-types-cluster",
         "val-match",
         "ours-fig5a-matched",
         "ours-fig5a-params",
@@ -319,6 +323,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
         cap_min=[0.60, 0.61, 0.63], cap_max=[0.50, 0.52, 0.51], drop0=[0.90, 0.91, 0.92],
         drop1=[0.50, 0.52, 0.51], half=[0.90, 0.91, 0.92], full=[0.70, 0.72, 0.71],
         double=[0.30, 0.31, 0.32], ni_val=[0.90, 0.91, 0.92], vit_val=[0.80, 0.81, 0.80],
+        paths=[-0.02, -0.03, -0.025], sil_first=[0.5, 0.5, 0.5], sil_last=[0.2, 0.21, 0.22],
     )  # fmt: skip
     verdicts = {c.id: c.verdict for c in digits.claims(failed)}
     assert verdicts == {
@@ -331,6 +336,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
         cap_min=[0.50, 0.62, 0.51], cap_max=[0.60, 0.51, 0.53], drop0=[0.90, 0.91, 0.92],
         drop1=[0.88, 0.70, 0.85], half=[0.70, 0.95, 0.90], full=[0.90, 0.91, 0.92],
         double=[0.90, 0.70, 0.95], ni_val=[0.90, 0.91, 0.92], vit_val=[0.90, 0.95, 0.91],
+        paths=[0.2, -0.1, 0.05], sil_first=[0.5, 0.5, 0.5], sil_last=[0.7, 0.3, 0.55],
     )  # fmt: skip
     verdicts = {c.id: c.verdict for c in digits.claims(noisy)}
     assert verdicts == {
@@ -359,6 +365,9 @@ _REPRODUCED = dict(
     double=[0.90, 0.90, 0.91],
     ni_val=[0.90, 0.91, 0.92],
     vit_val=[0.901, 0.908, 0.921],
+    paths=[0.20, 0.22, 0.21],
+    sil_first=[0.10, 0.12, 0.11],
+    sil_last=[0.40, 0.41, 0.43],
 )
 
 

@@ -802,6 +802,8 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
         idx = torch.linspace(0, len(data.x_val) - 1, min(config.routing_images, len(data.x_val)))
         images = Preprocess()(data.x_val[idx.long()])  # spread over the datasets
         routing.append({"seed": seed, **diagnostics.ni_routing(ni, images)})
+        # NI Figs. 3 and 4 on the same images: routing paths and type clusters
+        models["ni"]["per_seed"][-1].update(diagnostics.ni_paths_and_types(ni, images))
     for kind, entry in models.items():
         runs = entry["per_seed"]
         entry["mean_val_acc"] = seed_stats([r["mean_val_acc"] for r in runs])
@@ -895,6 +897,7 @@ def claims(results: dict) -> list:
     more = [any_acc(r, r["num_iterations"]) - any_acc(r, r["num_iterations"] // 2) for r in ni]
     extra = [any_acc(r, 2 * r["num_iterations"]) - any_acc(r, r["num_iterations"]) for r in ni]
     val = [a["mean_val_acc"] - b["mean_val_acc"] for a, b in zip(ni, vit, strict=True)]
+    clustering = [r["type_silhouette"][-1] - r["type_silhouette"][0] for r in ni]
     out = [
         paired("fig5a-ni-vs-vit", ni_acc, vit_acc, ("NI", "ViT")),
         test("fig5a-gap-closes", [a - b for a, b in zip(gap_min, gap_max, strict=True)]),
@@ -903,6 +906,8 @@ def claims(results: dict) -> list:
         paired("fig5b-capacity", adapted(ni, "capacity", u_max),
                adapted(ni, "capacity", u_min), (f"{u_max} functions", f"{u_min} functions")),
         test("fig5c-drop-one", drop_loss),
+        test("fig3-paths-differ", [r["path_distance"] for r in ni]),
+        test("fig4-types-cluster", clustering),
         test("val-match", val),
         paired("ours-fig5a-matched", adapted(ni, "adaptation_valmatched", n_min),
                adapted(vit, "adaptation_valmatched", n_min), ("NI", "ViT")),

@@ -194,6 +194,36 @@ _R = [
         **_pct(),
     ),
     Rule(
+        "fig3-paths-differ",
+        "digits",
+        "paper",
+        "'there is diversity in how samples are routed through the network, and [...] the "
+        "routing mechanism discriminates between samples'",
+        "NI §4.2, Fig. 3",
+        "paths that vary between samples (figure)",
+        "mean total-variation distance between two samples' routing paths",
+        ">",
+        0.0,
+        0.05,
+        _FIG + "'variations (but also similarities)' read as ≥ 5 % of the routing weight "
+        "on other functions between two samples",
+        **_rel(),
+    ),
+    Rule(
+        "fig4-types-cluster",
+        "digits",
+        "paper",
+        "'Types are more clustered in the later function iterations'",
+        "NI §4.2, Fig. 4",
+        "t-SNE of the types, clusters forming over iterations (figure)",
+        "silhouette of the types by closest signature, last − first function iteration",
+        ">",
+        0.0,
+        0.1,
+        _FIG + "'more clustered' read as a silhouette gain of 0.1, a tenth of its range "
+        "from no structure (0) to points on their signature (1)",
+    ),
+    Rule(
         "val-match",
         "digits",
         "paper",
