@@ -295,13 +295,15 @@ class Script(nn.Module):
         """``(U, d_code)``."""
         return torch.cat(list(self.code_chunks))
 
-    def _mask(self, function_mask: Tensor | None) -> Tensor | None:
+    def _mask(self, function_mask: Tensor | None) -> Tensor:
         mask = self.function_mask if function_mask is None else function_mask
         if mask.shape != (self.num_functions,):
             raise ValueError(
                 f"function_mask must have shape ({self.num_functions},), got {tuple(mask.shape)}"
             )
-        return None if bool(mask.all()) else mask.to(torch.bool)
+        # always the tensor, never "None when all active": reading its values would break a
+        # torch.compile graph, and an all-True mask changes nothing (keep & True)
+        return mask.to(torch.bool)
 
     def forward(
         self,

@@ -73,8 +73,10 @@ def _row_blocks(functions: int, rows: int, device: torch.device) -> int:
     products of one ``bmm`` share the CPU threads evenly: torch parallelises a CPU ``bmm`` over
     its batch, so 5 functions on 2 threads leave one thread idle a third of the time (on two
     cores, (5, 1152, 64) @ (5, 64, 64) took 276 us and (10, 576, 64) @ (10, 64, 64) 216 us).
-    1 on other devices, and where no ``k`` up to the thread count divides ``rows``."""
-    if device.type != "cpu":
+    1 on other devices, under ``torch.compile`` (the compiled kernels split the work themselves;
+    asking for the thread count would break the graph), and where no ``k`` up to the thread count
+    divides ``rows``."""
+    if device.type != "cpu" or torch.compiler.is_compiling():
         return 1
     threads = torch.get_num_threads()
     for k in range(1, threads + 1):

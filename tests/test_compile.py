@@ -1,0 +1,78 @@
+"""torch.compile sees each model as one graph: no graph breaks in the forward pass and its loss,
+and no recompilation when the batch size changes (the batch dimension marked dynamic). Dynamo
+decides both; the ``eager`` and ``aot_eager`` backends check them without Inductor's code
+generation, so the test stays fast."""
+
+import pytest
+import torch
+
+from modnets.experiments import digits, fuzzy_boolean, tiny_imagenet
+from modnets.ni import NeuralInterpreter
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch, "compiler") or not torch._dynamo.is_dynamo_supported(),
+    reason="no torch.compile on this platform",
+)
+
+
+def _ni(config):
+    return NeuralInterpreter(config), lambda b: torch.rand(
+        b, config.in_channels, config.image_size, config.image_size
+    )
+
+
+def _fuzzy():
+    t = fuzzy_boolean.CONFIGS["smoke"].train
+    return fuzzy_boolean.build_model(t), lambda b: torch.rand(b, t.num_variables)
+
+
+def _nac():
+    model = tiny_imagenet.build_model("nac", tiny_imagenet.CONFIGS["smoke"].train)
+    return model, lambda b: torch.rand(b, 3, 64, 64)  # Tiny-ImageNet's 64 x 64 images
+
+
+MODELS = {
+    "NI, vector inputs (fuzzy Booleans)": _fuzzy,
+    "NI, image patches (digits)": lambda: _ni(digits.CONFIGS["smoke"].train.ni_config()),
+    "NAC (Tiny-ImageNet)": _nac,
+}
+
+
+def _loss(model, x):
+    out = model(x)
+    return out.float().square().mean()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_and_loss_trace_as_one_graph(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    explained = torch._dynamo.explain(_loss)(model, inputs(3))
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_break_count == 0, reasons
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_new_batch_sizes_do_not_recompile_and_match_eager(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.eval()  # no dropout: the compiled and eager steps see the same computation
+    compiled = torch.compile(model, backend="aot_eager")
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        for b in (3, 5, 8):
+            x = inputs(b)
+            torch._dynamo.mark_dynamic(x, 0)
+            loss = compiled(x).float().square().mean()
+            loss.backward()  # the backward graph too
+            torch.testing.assert_close(loss, _loss(model, x))
+    finally:
+        torch._dynamo.config.error_on_recompile = False
