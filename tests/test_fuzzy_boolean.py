@@ -22,6 +22,7 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
+from modnets.experiments import harness
 from modnets.experiments.harness import SCHEMA
 from modnets.experiments.rules import EXPERIMENT_RULES
 from modnets.training import r2_score
@@ -328,3 +329,40 @@ def test_sweep_prefers_modular_routing_to_a_better_fit():
     assert fb.choose_candidate([{"r2": 0.9, "regime": "modular"}] * 2) == 0  # a tie: the first
     with pytest.raises(ValueError, match="candidates"):
         fb.choose_candidate([])
+
+
+def test_pinned_settings_are_the_recorded_sweeps_choice():
+    """A profile without a sweep trains at settings a recorded sweep chose on its selection seed:
+    the pinned values must be that record's choice, and the record must have started from the
+    profile's configuration as it is now (else rerun ``record_sweep``)."""
+    for profile, sw in fb.RECORDED_SWEEPS.items():
+        config = fb.CONFIGS[profile]
+        record = fb.load_sweep_record(profile)
+        report = record["report"]
+        assert config.sweep is None and config.selection_seeds == (sw.seed,)
+        assert {k: config.train.model[k] for k in report["chosen"]} == report["chosen"]
+        assert dict(config.train.finetune_lrs) == report["finetune_lrs"]
+        assert record["sweep"] == json.loads(json.dumps(harness._plain(sw)))
+        started = json.loads(json.dumps(harness._plain(fb.unswept(config.train))))
+        assert record["train"] == started, f"the {profile} training changed: rerun record_sweep"
+        assert not set(config.selection_seeds) & set(config.seeds)
+
+
+def test_record_sweep_writes_what_the_sweep_chose(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
+    smoke = fb.CONFIGS["smoke"]
+    pinned = dataclasses.replace(smoke, sweep=None, selection_seeds=(smoke.sweep.seed,))
+    monkeypatch.setitem(fb.CONFIGS, "smoke", pinned)
+    monkeypatch.setitem(fb.RECORDED_SWEEPS, "smoke", smoke.sweep)
+    monkeypatch.setattr(fb, "sweep_record_path", lambda p: tmp_path / f"sweep_{p}.json")
+    record = fb.record_sweep("smoke", show_progress=False)
+    assert fb.load_sweep_record("smoke") == json.loads(json.dumps(record))
+    chosen, _ = fb.sweep(dataclasses.replace(pinned, sweep=smoke.sweep), show_progress=False)
+    assert record["report"]["chosen"] == {k: chosen.model[k] for k in fb.SWEPT}
+    with pytest.raises(ValueError, match="profile"):
+        fb.record_sweep("gpu")
+    with pytest.raises(FileNotFoundError, match="record_sweep"):
+        fb.load_sweep_record("nowhere")
+    overlapping = dataclasses.replace(pinned, selection_seeds=(0,))
+    with pytest.raises(ValueError, match="selection seeds"):
+        fb.run(overlapping, show_progress=False)

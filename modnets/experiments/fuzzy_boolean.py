@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +56,10 @@ __all__ = [
     "FuzzyBooleanSweep",
     "FuzzyBooleanConfig",
     "CONFIGS",
+    "RECORDED_SWEEPS",
+    "record_sweep",
+    "load_sweep_record",
+    "unswept",
     "REGIMES",
     "FAMILIES",
     "PAPER",
@@ -181,6 +187,8 @@ class FuzzyBooleanConfig:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     routing_points: int = 512  # validation points whose routing is summarised
     sweep: FuzzyBooleanSweep | None = FuzzyBooleanSweep()  # None: train as configured
+    # with no sweep to run: the seeds the configured settings were chosen on (a recorded sweep's)
+    selection_seeds: tuple[int, ...] = ()
 
 
 CONFIGS = {
@@ -192,16 +200,66 @@ CONFIGS = {
         sweep=FuzzyBooleanSweep(truncation=(1.0, 1.42), type_dim=(8,), straight_through=(False,),
                                 finetune_lrs=(1e-3, 4e-3)),
     ),
-    # The routing sweep (8 candidates at the full 10 epochs, 9 finetuning runs) on its selection
-    # seed, then five claim seeds, each on its own task: 16x fewer points and half the epochs of
-    # the paper. Cold time: book/setup.md.
+    # Five claim seeds, each on its own task: 16x fewer points and half the epochs of the paper.
+    # The routing settings and finetuning rates are the choice of CPU_SWEEP on its selection
+    # seed, run once and recorded (record_sweep; chapter 5 shows the record): the sweep's
+    # 8 pretrainings and 9 finetunings cost more than the five claim seeds together.
     "cpu": FuzzyBooleanConfig(
         FuzzyBooleanTrain(points_per_function=10_000, pretrain=_tc(10, 64, 2e-3),
-                          finetune=_tc(3, 64, 4e-3)),
-        seeds=(0, 1, 2, 3, 4),
+                          finetune=_tc(3, 64, 4e-3),
+                          model=dict(truncation=1.42, type_dim=8, straight_through=False),
+                          finetune_lrs=(("cls", 4e-3), ("type", 4e-3), ("all", 4e-3))),
+        seeds=(0, 1, 2, 3, 4), sweep=None, selection_seeds=(100,),
     ),
     "gpu": FuzzyBooleanConfig(),
 }  # fmt: skip
+
+
+#: The sweep a profile's pinned settings come from (``selection_seeds``: its seed).
+RECORDED_SWEEPS = {"cpu": FuzzyBooleanSweep()}
+#: The settings a sweep chooses, pinned in a profile's ``train`` once it has been recorded.
+SWEPT = ("truncation", "type_dim", "straight_through")
+
+
+def unswept(train: FuzzyBooleanTrain) -> FuzzyBooleanTrain:
+    """``train`` without what a sweep chooses: the configuration a sweep starts from."""
+    model = {k: v for k, v in train.model.items() if k not in SWEPT}
+    return replace(train, model=model, finetune_lrs=())
+
+
+def sweep_record_path(profile: str) -> Path:
+    """Where the sweep behind ``profile``'s pinned settings is recorded (beside this module)."""
+    return Path(__file__).with_name("records") / f"{NAME}_sweep_{profile}.json"
+
+
+def record_sweep(profile: str = "cpu", show_progress: bool = True, cache: bool = True) -> dict:
+    """Run :data:`RECORDED_SWEEPS` ``[profile]`` from ``profile``'s training configuration
+    without its pinned settings (:func:`unswept`) and write its record: the sweep, the
+    configuration it started from and its report (:func:`sweep`). Pin the report's choice in
+    ``CONFIGS[profile]``; a test checks that the two agree."""
+    if profile not in RECORDED_SWEEPS:
+        raise ValueError(f"profile must be one of {sorted(RECORDED_SWEEPS)}, got {profile!r}")
+    config = CONFIGS[profile]
+    base = unswept(config.train)
+    sw = RECORDED_SWEEPS[profile]
+    started = replace(config, train=base, sweep=sw)
+    _, report = sweep(started, show_progress=show_progress, cache=cache)
+    record = {"sweep": harness._plain(sw), "train": harness._plain(base), "report": report}
+    path = sweep_record_path(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)  # never a half-written record
+    return record
+
+
+def load_sweep_record(profile: str) -> dict:
+    """The record :func:`record_sweep` wrote for ``profile``."""
+    path = sweep_record_path(profile)
+    if not path.exists():
+        rerun = f"modnets.experiments.fuzzy_boolean.record_sweep({profile!r})"
+        raise FileNotFoundError(f"no sweep recorded for profile {profile!r} at {path}; run {rerun}")
+    return json.loads(path.read_text())
 
 
 def task_for(train: FuzzyBooleanTrain, seed: int) -> FuzzyBooleanTrain:
@@ -504,9 +562,9 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
-    sw_seed = config.sweep.seed if config.sweep is not None else None
-    if sw_seed is not None and sw_seed in config.seeds:
-        raise ValueError(f"the sweep's seed {sw_seed} is one of the claim seeds {config.seeds}")
+    selection = [config.sweep.seed] if config.sweep is not None else list(config.selection_seeds)
+    if set(selection) & set(config.seeds):
+        raise ValueError(f"the selection seeds {selection} overlap the claim seeds {config.seeds}")
     chosen, sweep_report = sweep(config, None, device, show_progress, cache)
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
@@ -548,7 +606,7 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
         results["diagnostics"],
         claims(results),
         harness.provenance(start, TRAIN_CODE),
-        selection_seeds=[] if sw_seed is None else [sw_seed],
+        selection_seeds=selection,
         regime=results["regime"],
     )
 
