@@ -3,7 +3,7 @@
 * :func:`routing` -- NI: how spread the routing ``C`` is, and :func:`routing_regime` whether it
   is collapsed, modular or uniform;
   :func:`ni_routing` runs a model under a trace and applies it to the input elements;
-  :func:`path_distance` (NI Fig. 3) says how differently samples are routed and
+  :func:`path_contrast` (NI Fig. 3) says how differently samples are routed and
   :func:`type_clustering` (NI Fig. 4) how clustered the inferred types are, per iteration.
 * :func:`links` -- NAC: how sparse the link probabilities ``P`` are and how unequal the
   module importances ``q_i`` (App. F).
@@ -26,7 +26,8 @@ __all__ = [
     "routing_regime",
     "regime_line",
     "ni_routing",
-    "path_distance",
+    "path_distances",
+    "path_contrast",
     "type_clustering",
     "ni_paths_and_types",
     "links",
@@ -126,24 +127,40 @@ def ni_routing(model, inputs: Tensor) -> dict:
     return routing(t.stack("ni.compatibility"), tokens=slice(model.config.num_cls, None))
 
 
-def path_distance(compat: Tensor) -> float:
-    """NI Fig. 3 as a number: how differently samples are routed. Each element's *path* is its
-    routing ``C`` normalised over functions at every iteration; two samples are compared element
-    by element (same position) with the total-variation distance ``1/2 sum_u |p_u - p'_u|``,
-    averaged over iterations and positions, and this is averaged over all pairs of samples in
-    ``compat`` ``(n_i, B, U, T)``. 0: every sample routed alike (routing blind to the input);
-    1: no two samples share a function anywhere."""
+def path_distances(compat: Tensor) -> Tensor:
+    """How differently each pair of samples is routed (NI Fig. 3), ``(B, B)``. Each element's
+    *path* is its routing ``C`` at every iteration, with one more entry, ``1 - sum_u C_u``, for
+    the weight no function takes (so an unmatched element is a route of its own); two samples
+    are compared element by element (same position) with the total-variation distance
+    ``1/2 sum |p - p'|``, averaged over iterations and positions, for ``compat``
+    ``(n_i, B, U, T)``. 0: routed alike; 1: no weight on a shared route anywhere."""
     if compat.dim() != 4 or compat.shape[1] < 2:
         raise ValueError(
             f"compat must be (iterations, batch >= 2, U, T), got {tuple(compat.shape)}"
         )
     C = compat.float()
-    p = C / C.sum(2, keepdim=True).clamp_min(1e-12)  # (n_i, B, U, T)
-    p = p.permute(1, 0, 3, 2).flatten(1, 2)  # (B, n_i * T, U): one path per sample
-    B = p.shape[0]
+    none = (1 - C.sum(2, keepdim=True)).clamp_min(0)
+    p = torch.cat([C, none], 2)
+    p = p / p.sum(2, keepdim=True)  # (n_i, B, U + 1, T)
+    p = p.permute(1, 0, 3, 2).flatten(1, 2)  # (B, n_i * T, U + 1): one path per sample
     # one sample against all at a time: memory B * n_i * T * U, not B² times that
-    tv = sum(float(0.5 * (p[b] - p).abs().sum(-1).mean(-1).sum()) for b in range(B))
-    return tv / (B * (B - 1))
+    return torch.stack([0.5 * (p[b] - p).abs().sum(-1).mean(-1) for b in range(len(p))])
+
+
+def path_contrast(compat: Tensor, labels: Tensor) -> dict:
+    """NI Fig. 3 as numbers, from :func:`path_distances`: the mean distance between two samples
+    (``path_distance``), and between samples of different ``labels`` minus between samples of
+    the same label (``path_contrast``): above 0 when the routing tells the samples' classes
+    apart, about 0 when paths differ only as noise does."""
+    d = path_distances(compat)
+    same = labels[:, None] == labels[None]
+    off = ~torch.eye(len(d), dtype=torch.bool)
+    if not (same & off).any() or not (~same).any():
+        raise ValueError("labels must give at least two samples of one label and two labels")
+    return {
+        "path_distance": float(d[off].mean()),
+        "path_contrast": float(d[~same].mean() - d[same & off].mean()),
+    }
 
 
 def silhouette(x: Tensor, labels: Tensor) -> float:
@@ -179,29 +196,28 @@ def type_clustering(types: Tensor, signatures: Tensor) -> list[float]:
 
 
 @torch.no_grad()
-def ni_paths_and_types(model, inputs: Tensor, max_elements: int = 4096) -> dict:
-    """A Neural Interpreter's :func:`path_distance` and :func:`type_clustering` (per iteration,
-    over every script) for its input elements (CLS tokens left out) on ``inputs``, in evaluation
-    mode. With several scripts, each element's type is matched against its own script's
-    signatures. The silhouette uses at most ``max_elements`` elements (a fixed draw): its cost is
-    their number squared."""
+def ni_paths_and_types(model, inputs: Tensor, labels: Tensor, max_elements: int = 4096) -> dict:
+    """A Neural Interpreter's :func:`path_contrast` (over ``labels``) and :func:`type_clustering`
+    (per iteration, over every script) for its input elements (CLS tokens left out) on
+    ``inputs``, in evaluation mode. Each element's type is matched against its own script's
+    signatures. The silhouette uses at most ``max_elements`` elements (a fixed draw): its cost
+    is their number squared."""
     from modnets.probes import trace
 
     model.eval()
     with trace("ni.compatibility", "ni.types") as t:
         model(inputs.to(next(model.parameters()).device))
     cls = model.config.num_cls
-    compat = t.stack("ni.compatibility")[..., cls:]
+    compat = t.stack("ni.compatibility")[..., cls:].cpu()
     types = t.stack("ni.types")[:, :, cls:].flatten(1, 2).cpu()  # (iterations, B * T, d_type)
     if types.shape[1] > max_elements:
         keep = torch.randperm(types.shape[1], generator=torch.Generator().manual_seed(0))
         types = types[:, keep[:max_elements]]
-    per_script = model.config.num_iterations
+    scripts = [s for s in model.scripts for _ in range(s.num_iterations)]
     clustering = [
-        type_clustering(types[i : i + 1], model.scripts[i // per_script].signatures.cpu())[0]
-        for i in range(types.shape[0])
+        type_clustering(t[None], s.signatures.cpu())[0] for t, s in zip(types, scripts, strict=True)
     ]
-    return {"path_distance": path_distance(compat), "type_silhouette": clustering}
+    return {**path_contrast(compat, labels.cpu()), "type_silhouette": clustering}
 
 
 def routing_shift(before: Tensor, after: Tensor) -> list[float]:

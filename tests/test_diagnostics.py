@@ -130,18 +130,36 @@ def test_function_shares_are_drawn_as_stacked_bars_of_the_shares():
         draw_function_shares([])
 
 
-def test_path_distance_is_zero_for_input_blind_routing_and_one_for_disjoint_paths():
-    same = torch.rand(2, 1, 4, 3).expand(2, 5, 4, 3)  # every sample routed alike
-    assert dg.path_distance(same) == pytest.approx(0.0, abs=1e-7)
+def test_path_distances_are_zero_for_input_blind_routing_and_one_for_disjoint_paths():
+    same = torch.rand(2, 1, 4, 3).expand(2, 5, 4, 3) / 4  # every sample routed alike
+    assert dg.path_distances(same).abs().max() < 1e-6
     disjoint = torch.zeros(1, 2, 2, 3)
-    disjoint[0, 0, 0] = 0.7  # sample 0: every element to function 0 (weight is normalised)
-    disjoint[0, 1, 1] = 0.2  # sample 1: every element to function 1
-    assert dg.path_distance(disjoint) == pytest.approx(1.0)
+    disjoint[0, 0, 0] = 1.0  # sample 0: every element to function 0
+    disjoint[0, 1, 1] = 1.0  # sample 1: every element to function 1
+    assert dg.path_distances(disjoint)[0, 1] == pytest.approx(1.0)
     half = disjoint.clone()
-    half[0, 1, 0] = 0.2  # sample 1 now splits every element evenly: TV 1/2
-    assert dg.path_distance(half) == pytest.approx(0.5)
+    half[0, 1] = 0.5  # sample 1 now splits every element evenly: TV 1/2
+    assert dg.path_distances(half)[0, 1] == pytest.approx(0.5)
+    unmatched = disjoint.clone()
+    unmatched[0, 1] = 0.0  # no function takes sample 1's elements: a route of its own
+    assert dg.path_distances(unmatched)[0, 1] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="batch >= 2"):
-        dg.path_distance(torch.rand(1, 1, 2, 3))
+        dg.path_distances(torch.rand(1, 1, 2, 3))
+
+
+def test_path_contrast_is_positive_when_routing_follows_the_label_and_negative_when_crossed():
+    C = torch.zeros(1, 4, 2, 3)
+    C[0, :2, 0] = 1.0  # label 0 -> function 0
+    C[0, 2:, 1] = 1.0  # label 1 -> function 1
+    by_label = dg.path_contrast(C, torch.tensor([0, 0, 1, 1]))
+    assert by_label["path_contrast"] == pytest.approx(1.0)
+    assert by_label["path_distance"] == pytest.approx(2 / 3)  # 8 of 12 ordered pairs differ
+    # each label has one sample on each function: equal labels are routed apart half the
+    # time more than different ones
+    crossed = dg.path_contrast(C, torch.tensor([0, 1, 0, 1]))
+    assert crossed["path_contrast"] == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="two labels"):
+        dg.path_contrast(C, torch.zeros(4, dtype=torch.long))
 
 
 def test_silhouette_matches_its_definition_point_by_point():
@@ -180,7 +198,9 @@ def test_ni_paths_and_types_read_every_iteration_of_every_script():
     io = dict(input_kind="vector", num_elements=5, num_cls=2, num_outputs=1)
     cfg = NIConfig(**sizes, **io, num_scripts=2, truncation=1.6)
     model = NeuralInterpreter(cfg)
-    out = dg.ni_paths_and_types(model, torch.rand(6, 5))
+    labels = torch.tensor([0, 0, 0, 1, 1, 1])
+    out = dg.ni_paths_and_types(model, torch.rand(6, 5), labels)
     assert len(out["type_silhouette"]) == 4 and out["path_distance"] > 0
-    same = dg.ni_paths_and_types(model, torch.rand(1, 5).expand(6, 5))
+    same = dg.ni_paths_and_types(model, torch.rand(1, 5).expand(6, 5), labels)
     assert same["path_distance"] == pytest.approx(0.0, abs=1e-6)
+    assert same["path_contrast"] == pytest.approx(0.0, abs=1e-6)

@@ -274,7 +274,7 @@ def _made_up(**q) -> dict:
             "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
             "drop": {"0": {"mnist": [drop0], "mnist_m": [drop0]},
                      "1": {"mnist": [drop1 - 0.02, drop1 + 0.02], "mnist_m": [drop1] * 2}},
-            "path_distance": q["paths"][s],
+            "path_contrast": q["paths"][s],
             "type_silhouette": [q["sil_first"][s], 0.5, q["sil_last"][s]],
             "anytime": {"2": {"mnist": q["half"][s], "mnist_m": q["half"][s]},
                         "4": {"mnist": q["full"][s] - 0.01, "mnist_m": q["full"][s] + 0.01},

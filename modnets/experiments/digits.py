@@ -666,15 +666,19 @@ def anytime(model: NeuralInterpreter, data: DigitsData, iterations) -> dict:
 
 @torch.no_grad()
 def inferred_types(model: NeuralInterpreter, images: Tensor) -> tuple[Tensor, Tensor]:
-    """Types ``(n_i, N*T, d_type)`` at each iteration of the first script, and the index of the
-    closest signature ``(n_i, N*T)`` (Fig. 4)."""
+    """The input elements' types (CLS tokens left out) at each function iteration of every
+    script, ``(iterations, N*T, d_type)``, and the index of each one's closest signature in its
+    script (Fig. 4)."""
     model.eval()
     device = next(model.parameters()).device
     out = model(Preprocess()(images.to(device)), return_routing=True)
-    types = out.types[0].float().cpu()  # (N, n_i, T, d_type)
-    types = types.transpose(0, 1).flatten(1, 2)
-    closest = (types @ model.scripts[0].signatures.float().cpu().T).argmax(-1)
-    return types, closest
+    cls = model.config.num_cls
+    types, closest = [], []
+    for script, t in zip(model.scripts, out.types, strict=True):  # t: (N, n_i, T, d_type)
+        t = t[:, :, cls:].float().cpu().transpose(0, 1).flatten(1, 2)
+        types.append(t)
+        closest.append((t @ script.signatures.float().cpu().T).argmax(-1))
+    return torch.cat(types), torch.cat(closest)
 
 
 def _mean(values) -> float:
@@ -802,8 +806,9 @@ def run(config: DigitsConfig | None = None, profile: str | None = None, show_pro
         idx = torch.linspace(0, len(data.x_val) - 1, min(config.routing_images, len(data.x_val)))
         images = Preprocess()(data.x_val[idx.long()])  # spread over the datasets
         routing.append({"seed": seed, **diagnostics.ni_routing(ni, images)})
-        # NI Figs. 3 and 4 on the same images: routing paths and type clusters
-        models["ni"]["per_seed"][-1].update(diagnostics.ni_paths_and_types(ni, images))
+        # NI Figs. 3 and 4 on the same images: routing paths by digit, and type clusters
+        figs = diagnostics.ni_paths_and_types(ni, images, data.y_val[idx.long()])
+        models["ni"]["per_seed"][-1].update(figs)
     for kind, entry in models.items():
         runs = entry["per_seed"]
         entry["mean_val_acc"] = seed_stats([r["mean_val_acc"] for r in runs])
@@ -906,7 +911,7 @@ def claims(results: dict) -> list:
         paired("fig5b-capacity", adapted(ni, "capacity", u_max),
                adapted(ni, "capacity", u_min), (f"{u_max} functions", f"{u_min} functions")),
         test("fig5c-drop-one", drop_loss),
-        test("fig3-paths-differ", [r["path_distance"] for r in ni]),
+        test("fig3-paths-differ", [r["path_contrast"] for r in ni]),
         test("fig4-types-cluster", clustering),
         test("val-match", val),
         paired("ours-fig5a-matched", adapted(ni, "adaptation_valmatched", n_min),

@@ -201,27 +201,29 @@ _R = [
         "routing mechanism discriminates between samples'",
         "NI §4.2, Fig. 3",
         "paths that vary between samples (figure)",
-        "mean total-variation distance between two samples' routing paths",
+        "routing-path distance between samples of different digits − of the same digit",
         ">",
         0.0,
-        0.05,
-        _FIG + "'variations (but also similarities)' read as ≥ 5 % of the routing weight "
-        "on other functions between two samples",
-        **_rel(),
+        0.02,
+        _FIG + "'discriminates between samples' read as ≥ 2 % more of the routing weight on "
+        "other routes between different digits than between equal ones",
+        scale=100,
+        digits=1,
+        unit=" %",
     ),
     Rule(
         "fig4-types-cluster",
         "digits",
         "paper",
         "'Types are more clustered in the later function iterations'",
-        "NI §4.2, Fig. 4",
+        "NI §4.2, Fig. 4 caption",
         "t-SNE of the types, clusters forming over iterations (figure)",
         "silhouette of the types by closest signature, last − first function iteration",
         ">",
         0.0,
         0.1,
-        _FIG + "'more clustered' read as a silhouette gain of 0.1, a tenth of its range "
-        "from no structure (0) to points on their signature (1)",
+        _FIG + "'more clustered' read as a silhouette gain of 0.1, a tenth of its range up "
+        "to types on their signatures (1)",
     ),
     Rule(
         "val-match",
