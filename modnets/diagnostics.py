@@ -142,9 +142,9 @@ def path_distances(compat: Tensor) -> Tensor:
     none = (1 - C.sum(2, keepdim=True)).clamp_min(0)
     p = torch.cat([C, none], 2)
     p = p / p.sum(2, keepdim=True)  # (n_i, B, U + 1, T)
-    p = p.permute(1, 0, 3, 2).flatten(1, 2)  # (B, n_i * T, U + 1): one path per sample
-    # one sample against all at a time: memory B * n_i * T * U, not B² times that
-    return torch.stack([0.5 * (p[b] - p).abs().sum(-1).mean(-1) for b in range(len(p))])
+    p = p.permute(1, 0, 3, 2).flatten(1)  # (B, n_i * T * (U + 1)): one path per sample
+    # the L1 distance of whole paths is the sum over elements of 2 TV: divide by 2 n_i T
+    return torch.cdist(p, p, p=1) / (2 * C.shape[0] * C.shape[3])
 
 
 def path_contrast(compat: Tensor, labels: Tensor) -> dict:

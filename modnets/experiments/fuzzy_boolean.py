@@ -201,7 +201,7 @@ CONFIGS = {
                                 finetune_lrs=(1e-3, 4e-3)),
     ),
     # Five claim seeds, each on its own task: 16x fewer points and half the epochs of the paper.
-    # The routing settings and finetuning rates are the choice of CPU_SWEEP on its selection
+    # The routing settings and finetuning rates are RECORDED_SWEEPS["cpu"]'s choice on its selection
     # seed, run once and recorded (record_sweep; chapter 5 shows the record): the sweep's
     # 8 pretrainings and 9 finetunings cost more than the five claim seeds together.
     "cpu": FuzzyBooleanConfig(
