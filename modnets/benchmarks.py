@@ -37,6 +37,7 @@ from modnets.nn.read_in import ReadIn
 from modnets.profiles import get_profile, select
 from modnets.threads import GOMP_SPINCOUNT
 from modnets.timing import median_time, saved_bytes
+from modnets.training import TrainConfig, autocast, maybe_compile, optimizer_for
 from modnets.utils import wrap
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "bench_dropping",
     "bench_flop_utilisation",
     "bench_many_modules",
+    "bench_train_steps",
     "BENCHMARKS",
     "PRECISIONS",
     "VARIANT_BENCHMARKS",
@@ -798,6 +800,154 @@ def bench_many_modules(cfg: BenchConfig, device) -> dict:
     return _result(f"{cfg.many_modules}-module NAC (d={c.dim})", [row], t, "runs", True)
 
 
+# ----------------------------------------------------------------------------- 8. training steps
+
+
+def _experiment_models(
+    cfg: BenchConfig,
+) -> dict[str, tuple[Callable[[], nn.Module], Tensor, TrainConfig]]:
+    """Every model the experiments at ``cfg.experiments`` train, with one batch of its inputs
+    and its training configuration: ``name -> (build(), batch, TrainConfig)``."""
+    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist, tiny_imagenet
+
+    f = select(fuzzy_boolean.CONFIGS, cfg.experiments).train
+    d = select(digits.CONFIGS, cfg.experiments).train
+    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
+    s = select(stacked_mnist.CONFIGS, cfg.experiments).train
+    size = d.ni_config().image_size
+
+    def images(b: int, channels: int, side: int) -> Tensor:
+        return torch.randn(b, channels, side, side)
+
+    return {
+        "NI (fuzzy Booleans)": (
+            partial(fuzzy_boolean.build_model, f),
+            torch.rand(f.pretrain.batch_size, f.num_variables),
+            f.pretrain,
+        ),
+        "NI (digits)": (
+            partial(digits.build_ni, d),
+            images(d.ni_train.batch_size, 3, size),
+            d.ni_train,
+        ),
+        "ViT (digits)": (
+            partial(digits.build_vit, d),
+            images(d.vit_train.batch_size, 3, size),
+            d.vit_train,
+        ),
+        "NAC (Tiny-ImageNet)": (
+            partial(tiny_imagenet.build_model, "nac", t),
+            images(t.nac_train.batch_size, 3, 64),
+            t.nac_train,
+        ),
+        "Perceiver IO (Tiny-ImageNet)": (
+            partial(tiny_imagenet.build_model, "pio", t),
+            images(t.pio_train.batch_size, 3, 64),
+            t.pio_train,
+        ),
+        "CNN (stacked MNIST)": (
+            partial(stacked_mnist.build_model, "cnn", s),
+            images(s.optim.batch_size, 1, 64),
+            s.optim,
+        ),
+        "NFM (stacked MNIST)": (
+            partial(stacked_mnist.build_model, "nfm", s),
+            images(s.optim.batch_size, 1, 64),
+            s.optim,
+        ),
+    }
+
+
+def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
+    """One optimiser step as :func:`modnets.training.fit` takes it under ``config``: the model
+    compiled and the optimiser fused where the config says, autocast, clipping, the update."""
+    net = maybe_compile(model, config.compile)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer_for([{"params": params}], config)
+    device = params[0].device
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast(device) if config.amp else nullcontext():
+            out = net(x)
+            loss = (out if isinstance(out, Tensor) else out.logits).float().square().mean()
+        loss.backward()
+        if config.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
+        opt.step()
+
+    return step
+
+
+def bench_train_steps(cfg: BenchConfig, device) -> dict:
+    """Each experiment's optimiser step as it runs (its config's compile, fused optimiser and
+    autocast) against the plain eager float32 step of the same model, interleaved in this run;
+    where both switches are on, the fused optimiser alone too. ``warmup_s``: the first two
+    steps as run (compilation) less two steady steps, and ``break_even_steps`` the steps after
+    which the warm-up has paid for itself. ``mfu``: the step's FLOPs (forward and backward,
+    counted eagerly) per second as a share of the matmul rate measured here."""
+    n = cfg.matmul_size
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    peak = 2 * n**3 / _time(cfg, lambda: a @ b, device)
+    plain = dict(compile=False, fused=False, amp=False)
+    rows = []
+    for name, (build, x, config) in _experiment_models(cfg).items():
+        torch.manual_seed(0)
+        model = build().to(device)
+        x = x.to(device)
+        steps = {"eager": _optimiser_step(model, x, replace(config, **plain))}
+        if config.compile and config.fused:  # the fused optimiser's share of the speed-up
+            steps["fused"] = _optimiser_step(
+                copy.deepcopy(model), x, replace(config, compile=False)
+            )
+        steps["as_run"] = as_run = _optimiser_step(copy.deepcopy(model), x, config)
+        t0 = time.perf_counter()
+        as_run()
+        as_run()
+        first_two = time.perf_counter() - t0
+        flops = _count_flops(steps["eager"])
+        times = _times(cfg, steps, device)
+        saved = times["eager"] - times["as_run"]
+        warmup = max(0.0, first_two - 2 * times["as_run"])
+        row = {
+            "model": name,
+            "compile": config.compile,
+            "fused": config.fused,
+            **{f"{k}_ms": 1e3 * t for k, t in times.items()},
+            "speedup": times["eager"] / times["as_run"],
+            "mfu": flops / times["as_run"] / peak,
+            "mfu_eager": flops / times["eager"] / peak,
+            "warmup_s": warmup,
+            "break_even_steps": math.ceil(warmup / saved) if saved > 0 else None,
+        }
+        if "fused" in times:
+            row["speedup_fused_only"] = times["eager"] / times["fused"]
+        rows.append(row)
+        torch._dynamo.reset()  # the next model compiles afresh (never at the recompile limit)
+    name = "Experiments' training steps: as run vs plain eager"
+    target = ">= 1.4x for every model, NI MFU >= 40 %"
+    if not any(r["compile"] or r["fused"] for r in rows):
+        return _result(
+            name,
+            rows,
+            None,
+            target,
+            None,
+            f"every step at {cfg.experiments!r} is the plain eager one",
+        )
+    worst = min(r["speedup"] for r in rows)
+    ni = min((r["mfu"] for r in rows if r["model"].startswith("NI")), default=math.nan)
+    note = ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in rows)
+    return _result(
+        name,
+        rows,
+        worst,
+        target,
+        worst >= 1.4 and not ni < 0.4,
+        f"{note}; NI MFU >= {ni:.0%} of matmul's {peak / 1e9:.0f} GFLOP/s",
+    )
+
+
 BENCHMARKS = {
     "modulated": bench_modulated,
     "ni_vectorised": bench_ni_vectorised,
@@ -812,6 +962,7 @@ BENCHMARKS = {
     "dropping": bench_dropping,
     "flop_utilisation": bench_flop_utilisation,
     "many_modules": bench_many_modules,
+    "train_steps": bench_train_steps,
 }
 
 

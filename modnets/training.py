@@ -26,12 +26,14 @@ __all__ = [
     "r2_score",
     "save_checkpoint",
     "checkpoint_dir",
+    "compiler_available",
     "maybe_compile",
     "weight_decay_groups",
     "ResumableLoop",
     "CheckpointError",
     "load_train_state",
     "TrainConfig",
+    "optimizer_for",
     "fit",
 ]
 
@@ -125,12 +127,40 @@ def checkpoint_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "modnets" / "checkpoints"
 
 
-def maybe_compile(module: nn.Module) -> nn.Module:
-    """``torch.compile(module)`` when ``MODNETS_COMPILE=1`` (off by default: compiling costs
-    minutes and pays off only on long GPU runs); the module itself otherwise."""
-    if os.environ.get("MODNETS_COMPILE", "").strip() in ("1", "true", "yes"):
-        return torch.compile(module)
-    return module
+def compiler_available(device: torch.device | str) -> bool:
+    """Whether ``torch.compile``'s default backend (Inductor) can build kernels on ``device``: a
+    C++ compiler for the CPU, Triton for CUDA."""
+    if torch.device(device).type == "cuda":
+        import importlib.util
+
+        return importlib.util.find_spec("triton") is not None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception:  # no g++/clang++ on the PATH
+        return False
+    return True
+
+
+def maybe_compile(module: nn.Module, enabled: bool = False) -> nn.Module:
+    """``torch.compile(module)`` when ``enabled`` and the device has a compiler, else the module
+    itself (with a one-line notice when compiling was asked for). ``MODNETS_COMPILE=1`` / ``=0``
+    overrides ``enabled`` everywhere. Compiled code is cached per architecture: a second model of
+    the same configuration (the next seed) reuses it; changing which parameters train compiles
+    again."""
+    env = os.environ.get("MODNETS_COMPILE", "").strip().lower()
+    if env in ("1", "true", "yes", "0", "false", "no"):
+        enabled = env in ("1", "true", "yes")
+    if not enabled:
+        return module
+    device = next(module.parameters()).device
+    if not compiler_available(device):
+        warnings.warn(
+            f"torch.compile needs a compiler on {device.type}: training eagerly", stacklevel=2
+        )
+        return module
+    return torch.compile(module)
 
 
 class CheckpointError(ValueError):
@@ -362,6 +392,11 @@ class TrainConfig:
     # gradient accumulation: each batch in this many micro-batches, one optimiser step (for a
     # GPU too small for the batch; not in the checkpoint key: the same step up to rounding)
     accumulate: int = field(default=1, metadata={"key": False})
+    # the speed switches (not in the checkpoint key: the same step up to rounding):
+    # torch.compile the model the step runs (its warm-up pays off over thousands of steps) ...
+    compile: bool = field(default=False, metadata={"key": False})
+    # ... and the optimiser's fused kernel (one pass over every parameter instead of one per tensor)
+    fused: bool = field(default=False, metadata={"key": False})
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "log_points", "accumulate"):
@@ -386,6 +421,11 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.clip_grad_norm must be positive or None, got {self.clip_grad_norm!r}"
             )
+        for name in ("amp", "compile", "fused"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"TrainConfig.{name} must be True or False, got {getattr(self, name)!r}"
+                )
         if self.batch_size % self.accumulate:
             raise ValueError(
                 f"TrainConfig.accumulate={self.accumulate} must divide batch_size={self.batch_size}"
@@ -443,6 +483,14 @@ def _as_logs(out) -> dict[str, Tensor]:
     )
 
 
+def optimizer_for(param_groups: list[dict], config: TrainConfig) -> torch.optim.Optimizer:
+    """``config``'s optimiser over ``param_groups``, each at ``config.weight_decay`` unless it
+    sets its own, with the fused kernel when ``config.fused``."""
+    groups = [{"weight_decay": config.weight_decay, **g} for g in param_groups]
+    opt_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return opt_class(groups, lr=config.lr, fused=config.fused or None)
+
+
 def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None = None,
         batches: Callable[[int], Sequence] | None = None, evaluate: Callable[[nn.Module], dict] | None = None,
         param_groups: list[dict] | None = None, desc: str = "training", show_progress: bool = True,
@@ -458,9 +506,9 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     shuffled order (the step then shards it with :func:`modnets.distributed.shard`).
 
     Around the step, :func:`fit` owns: the optimiser (``param_groups`` or the trainable
-    parameters), the warm-up + cosine schedule, autocast, ``torch.compile``
-    (``MODNETS_COMPILE=1``), DistributedDataParallel under ``torchrun``, gradient clipping, the
-    progress bar, :class:`ResumableLoop` (checkpoints at ``state_path``; ``resume`` continues),
+    parameters; ``config.fused``: its fused kernel), the warm-up + cosine schedule, autocast,
+    ``torch.compile`` (``config.compile``, :func:`maybe_compile`), DistributedDataParallel
+    under ``torchrun``, gradient clipping, the progress bar, :class:`ResumableLoop` (checkpoints at ``state_path``; ``resume`` continues),
     ``evaluate(model) -> {metric: value}`` after each epoch (kept as ``history["val_<metric>"]``)
     and the best-epoch restore. Logged values are the mean over the steps since the previous log
     point, averaged across processes.
@@ -477,9 +525,7 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     device = next(model.parameters()).device
     if param_groups is None:
         param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    param_groups = [{"weight_decay": config.weight_decay, **g} for g in param_groups]
-    opt_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    opt = opt_class(param_groups, lr=config.lr)
+    opt = optimizer_for(param_groups, config)
     per_epoch = len(batches(0)) if batches is not None else n // config.batch_size
     if per_epoch <= 0:
         raise ValueError(f"no full batch of {config.batch_size} in {n} training samples")
@@ -487,7 +533,7 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     floor = config.min_lr / config.lr
     sched = (warmup_cosine(opt, total, int(config.warmup_fraction * total), floor)
              if config.schedule == "cosine" else torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))  # fmt: skip
-    params = [p for g in param_groups for p in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
     history: dict = {"step": [], "loss": [], "epoch": [], "seconds": 0.0}
     best = _Best()
     logged = _LogBuffer()
@@ -496,7 +542,8 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     scaler = None
     if config.amp and amp_dtype(device) == torch.float16:
         scaler = objects["scaler"] = torch.amp.GradScaler(device.type)
-    net = maybe_compile(distributed.wrap(model, find_unused_parameters=find_unused_parameters))
+    net = distributed.wrap(model, find_unused_parameters=find_unused_parameters)
+    net = maybe_compile(net, config.compile)
     log_every = max(1, total // config.log_points)
     start = time.perf_counter()
     with ResumableLoop(state_path, objects, history, state_config, seed, config.save_every,

@@ -176,3 +176,40 @@ def test_times_interleave_the_sides_and_keep_each_sides_fastest_round(monkeypatc
     assert calls == ["a", "a"] and "Inductor could not compile" in row["error"]
     with pytest.raises(RuntimeError):  # eager failures are bugs, not NaN
         b._times(b.BenchConfig(rounds=1), {"bad": fails}, "cpu")
+
+
+def test_train_steps_covers_every_experiments_models_and_has_nothing_to_compare_at_smoke():
+    cfg = b.CONFIGS["smoke"]
+    res = b.bench_train_steps(cfg, torch.device("cpu"))
+    assert [r["model"] for r in res["rows"]] == list(b._experiment_models(cfg))
+    assert {"NI (fuzzy Booleans)", "NI (digits)", "ViT (digits)", "NAC (Tiny-ImageNet)",
+            "Perceiver IO (Tiny-ImageNet)", "CNN (stacked MNIST)",
+            "NFM (stacked MNIST)"} == {r["model"] for r in res["rows"]}  # fmt: skip
+    # smoke trains every model plainly: both sides are the same step, no verdict
+    assert not any(r["compile"] or r["fused"] for r in res["rows"])
+    assert res["met"] is None and res["ratio"] is None
+
+
+def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
+    from modnets.training import TrainConfig
+
+    real_compile, compiled = torch.compile, []
+
+    def aot_eager(module):
+        compiled.append(module)
+        return real_compile(module, backend="aot_eager")
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False, compile=True, fused=True)
+    monkeypatch.setattr(torch, "compile", aot_eager)
+    monkeypatch.delenv("MODNETS_COMPILE", raising=False)
+    monkeypatch.setattr(b, "_experiment_models",
+                        lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)})  # fmt: skip
+    res = b.bench_train_steps(b.CONFIGS["smoke"], torch.device("cpu"))
+    (row,) = res["rows"]
+    assert len(compiled) == 1  # the as-run side only; eager and fused-only stay eager
+    assert row["compile"] and row["fused"]
+    assert {"eager_ms", "fused_ms", "as_run_ms", "speedup_fused_only"} <= set(row)
+    assert row["speedup"] == pytest.approx(row["eager_ms"] / row["as_run_ms"])
+    assert 0 < row["mfu"] and row["warmup_s"] >= 0
+    assert res["met"] == (row["speedup"] >= 1.4)  # no NI here: the speed-up alone decides

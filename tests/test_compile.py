@@ -76,3 +76,62 @@ def test_new_batch_sizes_do_not_recompile_and_match_eager(name):
             torch.testing.assert_close(loss, _loss(model, x))
     finally:
         torch._dynamo.config.error_on_recompile = False
+
+
+# ----------------------------------------------------------------------------- fit's switches
+
+
+def _fit_tiny(config):
+    """A small regression trained by :func:`fit`; returns its final weights."""
+    from modnets.training import fit
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True)
+
+    def step(net, idx):
+        return (net(x[idx]) - y[idx]).square().mean()
+
+    fit(model, step, config, n=len(x), show_progress=False)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _config(**kw):
+    from modnets.training import TrainConfig
+
+    return TrainConfig(epochs=2, batch_size=16, lr=1e-2, amp=False, **kw)
+
+
+def test_fit_compiles_the_model_it_steps_when_asked(monkeypatch):
+    real_compile, compiled = torch.compile, []
+
+    def aot_eager(module):  # dynamo and autograd as Inductor sees them, without its code generation
+        compiled.append(module)
+        return real_compile(module, backend="aot_eager")
+
+    monkeypatch.delenv("MODNETS_COMPILE", raising=False)
+    monkeypatch.setattr(torch, "compile", aot_eager)
+    eager = _fit_tiny(_config())
+    assert compiled == []
+    torch.testing.assert_close(_fit_tiny(_config(compile=True)), eager)
+    assert len(compiled) == 1
+    monkeypatch.setenv("MODNETS_COMPILE", "0")  # the global override wins over the config
+    _fit_tiny(_config(compile=True))
+    assert len(compiled) == 1
+
+
+def test_fit_trains_eagerly_with_a_notice_where_no_compiler_is_found(monkeypatch):
+    from modnets import training
+
+    monkeypatch.delenv("MODNETS_COMPILE", raising=False)
+    monkeypatch.setattr(training, "compiler_available", lambda device: False)
+    with pytest.warns(UserWarning, match="needs a compiler"):
+        weights = _fit_tiny(_config(compile=True))
+    torch.testing.assert_close(weights, _fit_tiny(_config()))
+
+
+def test_the_fused_optimiser_takes_the_same_steps():
+    torch.testing.assert_close(_fit_tiny(_config(fused=True)), _fit_tiny(_config()))
+    with pytest.raises(TypeError, match="TrainConfig.fused must be True or False"):
+        _config(fused=1)

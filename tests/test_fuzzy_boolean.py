@@ -343,7 +343,8 @@ def test_pinned_settings_are_the_recorded_sweeps_choice():
         assert {k: config.train.model[k] for k in report["chosen"]} == report["chosen"]
         assert dict(config.train.finetune_lrs) == report["finetune_lrs"]
         assert record["sweep"] == json.loads(json.dumps(harness._plain(sw)))
-        started = json.loads(json.dumps(harness._plain(fb.unswept(config.train))))
+        started = harness._plain(fb.unswept(config.train), for_key=True)
+        started = json.loads(json.dumps(started))
         assert record["train"] == started, f"the {profile} training changed: rerun record_sweep"
         assert not set(config.selection_seeds) & set(config.seeds)
 
