@@ -3,6 +3,8 @@ and the properties every experiment module shares (one suite parametrised over e
 
 import dataclasses
 import importlib
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -131,6 +133,28 @@ def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
     closure = harness._module_closure("modnets.training")
     assert "modnets.distributed" in closure and "modnets" not in closure
     assert "modnets.nfm" not in harness._module_closure("modnets.ni")
+
+
+def test_a_module_run_with_python_m_keys_its_code_as_when_imported(tmp_path):
+    # the CLI (python -m modnets.experiments.<name>) and the library (the book's notebooks) must
+    # find each other's checkpoints: under -m a function's __module__ is "__main__"
+    (tmp_path / "modnets_fp_pkg").mkdir()
+    (tmp_path / "modnets_fp_pkg" / "__init__.py").write_text("")
+    (tmp_path / "modnets_fp_pkg" / "run.py").write_text(
+        "from modnets.experiments.harness import code_fingerprint\n\n\n"
+        "def helper():\n    return 1\n\n\ndef step():\n    return helper()\n\n\n"
+        'if __name__ == "__main__":\n    print(code_fingerprint(step))\n'
+    )
+    imported = "import modnets_fp_pkg.run as r; print(r.code_fingerprint(r.step))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+    def key(*args: str) -> str:
+        done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    as_cli = key("-m", "modnets_fp_pkg.run")
+    assert as_cli == key("-c", imported) and len(as_cli) == 16
 
 
 def test_data_fingerprint_sees_added_files_not_where_the_folder_lives(tmp_path):

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import sys
 import textwrap
 import time
 import warnings
@@ -144,6 +145,16 @@ def _referenced(fn: Callable) -> list[Callable]:
     return out
 
 
+def _import_name(obj: Callable) -> str:
+    """The name ``obj``'s module is imported by, also where it runs as ``python -m`` (there its
+    ``__module__`` is ``"__main__"``): the CLI and the library then share checkpoints."""
+    name = obj.__module__
+    if name == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        name = name if spec is None else spec.name
+    return name
+
+
 def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
     """A hash of the library code a trained model depends on.
 
@@ -161,7 +172,7 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
                 h.update(mod.encode() + b"\0" + Path(origin).read_bytes() + b"\0")
         elif callable(part):
             for f in _referenced(part):
-                h.update(f"{f.__module__}.{f.__qualname__}".encode() + b"\0")
+                h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
                 h.update(inspect.getsource(f).encode() + b"\0")
         else:
             raise TypeError(
