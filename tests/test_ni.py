@@ -81,6 +81,28 @@ def test_type_matching_straight_through_passes_gradient_beyond_tau():
         assert (g.abs().sum() > 0) == expect_grad
 
 
+def test_straight_through_gradient_stays_bounded_where_every_function_truncates():
+    # a type beyond tau from both signatures: the truncated normaliser is 0, and a gradient
+    # through it would be 1 / eps times too large; the straight-through gradient is instead the
+    # untruncated compatibilities' (tau = 2 truncates nothing here)
+    s = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    weights = torch.tensor([1.0, -2.0])[None, :, None]
+
+    def input_grad(tau: float) -> torch.Tensor:
+        t = torch.tensor([[[-0.6, -0.8]]], requires_grad=True)
+        tm = modnets.TypeMatching(truncation=tau, straight_through=True).train()
+        C = tm(t, s)
+        (C * weights).sum().backward()
+        return C.detach(), t.grad
+
+    C, g = input_grad(1.0)
+    assert C.abs().sum() == 0  # the forward value is the truncated one: no function reads it
+    _, g_full = input_grad(2.0)
+    assert g.norm() > 0
+    assert g.norm() <= 10 * g_full.norm()
+    torch.testing.assert_close(g, g_full)  # the untruncated compatibilities' gradient
+
+
 @pytest.mark.parametrize("field,value", [("truncation", 0.0), ("truncation", 2.5), ("sigma", 0)])
 def test_type_matching_rejects_bad_hyperparameters(field, value):
     with pytest.raises(ValueError, match=field):

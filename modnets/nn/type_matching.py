@@ -96,24 +96,39 @@ class TypeMatching(nn.Module):
         """The unnormalised, truncated kernel ``C~`` (NI eq. 3): shape ``(B, U, T)``, values in [0, 1].
 
         ``function_mask`` (``(U,)`` bool, True = active) zeroes masked functions, which is the same
-        as removing them.
+        as removing them. With ``straight_through`` in training, its gradient is the untruncated
+        kernel's.
         """
-        d = self.distance(types, signatures)
-        full = torch.exp(-d / self.sigma)
-        keep = d < self.truncation
-        if function_mask is not None:
-            keep = keep & function_mask.to(torch.bool)[None, :, None]
-        truncated = full * keep
+        full, truncated = self._kernels(types, signatures, function_mask)
         if self.straight_through and self.training:
             return full + (truncated - full).detach()
         return truncated
 
+    def _kernels(
+        self, types: Tensor, signatures: Tensor, function_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """``exp(-d / sigma)`` of every active pair, and the same truncated at ``tau``."""
+        d = self.distance(types, signatures)
+        full = torch.exp(-d / self.sigma)
+        if function_mask is not None:
+            full = full * function_mask.to(torch.bool)[None, :, None]
+        return full, full * (d < self.truncation)
+
     def forward(
         self, types: Tensor, signatures: Tensor, function_mask: Tensor | None = None
     ) -> Tensor:
-        """Compatibilities ``C`` (NI eq. 2): ``C~`` normalised over functions; ``sum_u C_ui <= 1``."""
-        k = self.kernel(types, signatures, function_mask)
-        return k / (self.eps + k.sum(dim=1, keepdim=True))
+        """Compatibilities ``C`` (NI eq. 2): ``C~`` normalised over functions; ``sum_u C_ui <= 1``.
+
+        With ``straight_through`` in training, the gradient is that of the *untruncated*
+        compatibilities: the truncated ones' normaliser is 0 for an element every function
+        truncates, and the gradient through it would be ``1 / eps`` times too large."""
+        full, truncated = self._kernels(types, signatures, function_mask)
+        # NI eq. 2
+        C = truncated / (self.eps + truncated.sum(dim=1, keepdim=True))
+        if self.straight_through and self.training:
+            C_full = full / (self.eps + full.sum(dim=1, keepdim=True))
+            C = C_full + (C - C_full).detach()
+        return C
 
     def extra_repr(self) -> str:
         return (
