@@ -185,8 +185,10 @@ class Interpreter(nn.Module):
         y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)
 
     which keeps both properties the paper derives from NI eq. 11 (``C_ui = 0`` for all ``u`` gives
-    ``y_i = x_i``; nothing depends on the number of functions) and equals the public code's
-    "gating" residual. ``residual="literal"`` gives NI eq. 11 as printed.
+    ``y_i = x_i``; nothing depends on the number of functions). It is not the public code's
+    "gating" residual, ``(1 - mean_u C_ui) x_i + mean_u C_ui * sum_u C_ui LOCs(x)_ui``, and the
+    public preset uses no residual at all (a token no function matches becomes zero).
+    ``residual="literal"`` gives NI eq. 11 as printed.
 
     Shapes: x ``(B, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, T, d)``.
     """
