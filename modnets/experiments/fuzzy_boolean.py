@@ -236,7 +236,9 @@ def sweep_record_path(profile: str) -> Path:
     return Path(__file__).with_name("records") / f"{NAME}_sweep_{profile}.json"
 
 
-def record_sweep(profile: str = "cpu", show_progress: bool = True, cache: bool = True) -> dict:
+def record_sweep(
+    profile: str = "cpu", show_progress: bool = True, cache: bool = True, resume: bool = False
+) -> dict:
     """Run :data:`RECORDED_SWEEPS` ``[profile]`` from ``profile``'s training configuration
     without its pinned settings (:func:`unswept`) and write its record: the sweep, the
     configuration it started from and its report (:func:`sweep`). Pin the report's choice in
@@ -247,7 +249,7 @@ def record_sweep(profile: str = "cpu", show_progress: bool = True, cache: bool =
     base = unswept(config.train)
     sw = RECORDED_SWEEPS[profile]
     started = replace(config, train=base, sweep=sw)
-    _, report = sweep(started, show_progress=show_progress, cache=cache)
+    _, report = sweep(started, show_progress=show_progress, cache=cache, resume=resume)
     # the configuration as far as it determines the weights (not its speed switches)
     train = harness._plain(base, for_key=True)
     record = {"sweep": harness._plain(sw), "train": train, "report": report}
@@ -462,7 +464,7 @@ def selection_split(data: MultiTaskData, fraction: float) -> MultiTaskData:
 
 
 def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: bool = True,
-          cache: bool = True) -> tuple[FuzzyBooleanTrain, dict]:  # fmt: skip
+          cache: bool = True, resume: bool = False) -> tuple[FuzzyBooleanTrain, dict]:  # fmt: skip
     """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
     ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
     ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
@@ -470,8 +472,8 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
     finetunes are checkpointed like the experiment's own models (``fuzzy_boolean-pretrain``,
     ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``) on that seed's own task
     (:func:`task_for`): the chosen ones *are* that seed's models, which :func:`trained_models`
-    loads given ``task_for(train, config.sweep.seed)``. The sweep's seed is a selection seed,
-    never a claim seed."""
+    loads given ``task_for(train, config.sweep.seed)``; ``resume`` continues an interrupted
+    one. The sweep's seed is a selection seed, never a claim seed."""
     sw, base = config.sweep, config.train
     if sw is None:
         return base, {}
@@ -486,7 +488,7 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
         tc = replace(t, model={**t.model, **cand}, pretrain=replace(t.pretrain, epochs=epochs),
                      finetune_lrs=())  # fmt: skip
         model, _ = _pretrained(tc, sw.seed, pre_fit, fingerprint, device, show_progress, cache,
-                               False, f"sweep: {_label(cand)}")  # fmt: skip
+                               resume, f"sweep: {_label(cand)}")  # fmt: skip
         r2 = evaluate(model, pre_sel).mean().item()
         routing = diagnostics.ni_routing(model, pre_sel.x_val[: config.routing_points])
         rows.append({**cand, "r2": r2, "regime": routing["regime"],
@@ -504,7 +506,7 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
         for lr in sorted(sw.finetune_lrs):
             model, _ = _finetuned(replace(tc, finetune_lrs=((regime, lr),)), regime, sw.seed,
                                   weights, new_fit, fingerprint, device, show_progress, cache,
-                                  False, f"sweep: finetune [{regime}] lr {lr:g}")  # fmt: skip
+                                  resume, f"sweep: finetune [{regime}] lr {lr:g}")  # fmt: skip
             lr_scores[regime][lr] = evaluate(model, new_sel).mean().item()
     # the best rate per regime (ties: the smaller)
     lrs = tuple((r, max(v, key=lambda lr, v=v: (v[lr], -lr))) for r, v in lr_scores.items())
@@ -571,7 +573,7 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     selection = [config.sweep.seed] if config.sweep is not None else list(config.selection_seeds)
     if set(selection) & set(config.seeds):
         raise ValueError(f"the selection seeds {selection} overlap the claim seeds {config.seeds}")
-    chosen, sweep_report = sweep(config, None, device, show_progress, cache)
+    chosen, sweep_report = sweep(config, None, device, show_progress, cache, resume)
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:
