@@ -815,46 +815,20 @@ def _experiment_models(
     t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
     s = select(stacked_mnist.CONFIGS, cfg.experiments).train
     size = d.ni_config().image_size
+    pio = partial(tiny_imagenet.build_model, "pio", t)
 
-    def images(b: int, channels: int, side: int) -> Tensor:
-        return torch.randn(b, channels, side, side)
+    def entry(build, config: TrainConfig, channels: int = 3, side: int = 64) -> tuple:
+        return build, torch.randn(config.batch_size, channels, side, side), config
 
+    vector = torch.rand(f.pretrain.batch_size, f.num_variables)
     return {
-        "NI (fuzzy Booleans)": (
-            partial(fuzzy_boolean.build_model, f),
-            torch.rand(f.pretrain.batch_size, f.num_variables),
-            f.pretrain,
-        ),
-        "NI (digits)": (
-            partial(digits.build_ni, d),
-            images(d.ni_train.batch_size, 3, size),
-            d.ni_train,
-        ),
-        "ViT (digits)": (
-            partial(digits.build_vit, d),
-            images(d.vit_train.batch_size, 3, size),
-            d.vit_train,
-        ),
-        "NAC (Tiny-ImageNet)": (
-            partial(tiny_imagenet.build_model, "nac", t),
-            images(t.nac_train.batch_size, 3, 64),
-            t.nac_train,
-        ),
-        "Perceiver IO (Tiny-ImageNet)": (
-            partial(tiny_imagenet.build_model, "pio", t),
-            images(t.pio_train.batch_size, 3, 64),
-            t.pio_train,
-        ),
-        "CNN (stacked MNIST)": (
-            partial(stacked_mnist.build_model, "cnn", s),
-            images(s.optim.batch_size, 1, 64),
-            s.optim,
-        ),
-        "NFM (stacked MNIST)": (
-            partial(stacked_mnist.build_model, "nfm", s),
-            images(s.optim.batch_size, 1, 64),
-            s.optim,
-        ),
+        "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, f), vector, f.pretrain),
+        "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),
+        "ViT (digits)": entry(partial(digits.build_vit, d), d.vit_train, side=size),
+        "NAC (Tiny-ImageNet)": entry(partial(tiny_imagenet.build_model, "nac", t), t.nac_train),
+        "Perceiver IO (Tiny-ImageNet)": entry(pio, t.pio_train),
+        "CNN (stacked MNIST)": entry(partial(stacked_mnist.build_model, "cnn", s), s.optim, 1),
+        "NFM (stacked MNIST)": entry(partial(stacked_mnist.build_model, "nfm", s), s.optim, 1),
     }
 
 
