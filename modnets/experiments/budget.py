@@ -24,6 +24,7 @@ for ``book/setup.md``).
 from __future__ import annotations
 
 import argparse
+import json
 import warnings
 from dataclasses import dataclass
 
@@ -128,12 +129,25 @@ def _measure(part: harness.DryRun) -> tuple[float, float]:
     return float(saved), float(counter.get_total_flops())
 
 
+#: Estimates already measured in this process, by experiment and configuration: the dry runs
+#: are deterministic, and a configuration's models are built and measured once.
+_ESTIMATES: dict[str, tuple[Estimate, ...]] = {}
+
+
 def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimate]:
     """:class:`Estimate` of every model of ``experiment``'s ``profile`` configuration (or of
     ``config``, a configuration of that experiment)."""
     module = harness.import_experiment(experiment)
+    config = module.CONFIGS[profile] if config is None else config
+    key = f"{experiment}:{json.dumps(harness._plain(config), sort_keys=True)}"
+    if key not in _ESTIMATES:
+        _ESTIMATES[key] = tuple(_estimates(experiment, module, config))
+    return list(_ESTIMATES[key])
+
+
+def _estimates(experiment: str, module, config) -> list[Estimate]:
     out = []
-    for part in module.dry_run(module.CONFIGS[profile] if config is None else config):
+    for part in module.dry_run(config):
         if part.batch_size <= 0 or part.samples <= 0:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
         act, flops = _measure(part)
