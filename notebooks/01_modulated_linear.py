@@ -26,10 +26,11 @@ if "google.colab" in sys.modules:
 # %% [markdown]
 # # 1. Modulated linear layers
 #
-# All three architectures in this book have many *modules* (NI calls them functions) that compute
-# different things but share almost all of their weights. The device that makes this possible is
-# the **modulated linear layer**: an ordinary affine map whose input is rescaled, feature by
-# feature, by a vector computed from a *code*. A module is then little more than its code.
+# Two of the book's three architectures, NI and NAC, have many *modules* (NI calls them functions)
+# that compute different things but share almost all of their weights; NFM's modules each keep
+# their own (chapter 11). The device that makes the sharing possible is the **modulated linear
+# layer**: an ordinary affine map whose input is rescaled, feature by feature, by a vector
+# computed from a *code*. A module is then little more than its code.
 #
 # This chapter derives the four layers the rest of the book uses:
 #

@@ -387,8 +387,8 @@ print("regime:", r["regime"])
 # ## Anytime inference
 #
 # Because every iteration of a script shares its parameters, the model can run with a different
-# number of iterations than it was trained with (NI Fig. 8). Here, the validation loss of the toy
-# model against the number of iterations at inference:
+# number of iterations than it was trained with (NI Fig. 8, on the PGM task of NI §4.3). Here,
+# the validation loss of the toy model against the number of iterations at inference:
 
 # %% tags=["hide-input"]
 with torch.no_grad():

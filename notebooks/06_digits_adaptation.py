@@ -33,7 +33,7 @@ if "google.colab" in sys.modules:
 # Does a Neural Interpreter learn pieces that transfer? NI §4.2 {cite}`rahaman2021interpreters`
 # pretrains on several digit datasets at once — SVHN {cite}`netzer2011svhn`, MNIST-M
 # {cite}`ganin2015dann` and MNIST {cite}`lecun1998mnist` — with one CLS token and classification
-# head per dataset, and then asks five questions, each tied to a figure of the paper:
+# head per dataset, and then asks four questions, each tied to a figure of the paper:
 #
 # | claim | figure |
 # |---|---|
@@ -41,9 +41,10 @@ if "google.colab" in sys.modules:
 # | this relies on the pretrained functions: re-sampling codes and signatures hurts | 6 |
 # | adding functions (and training only signatures and codes) adds capacity | 5b |
 # | dropping functions at test time degrades accuracy gracefully | 5c |
-# | running fewer function iterations trades accuracy for compute (anytime inference) | 8 |
 #
-# and looks at how inferred types cluster over iterations (Fig. 4). This chapter runs all of it at
+# It looks at how inferred types cluster over iterations (Fig. 4) and how routing paths differ
+# between digits (Fig. 3), and, as a check of our own, at running fewer function iterations than
+# in training (anytime inference: the paper's Fig. 8 shows it on its PGM task of §4.3, not here). This chapter runs all of it at
 # the current profile, from several pretraining seeds, and ends with each claim tested by a rule
 # fixed before any number was seen.
 

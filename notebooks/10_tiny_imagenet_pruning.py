@@ -138,8 +138,9 @@ print("tokens:", tuple(tokens.shape))
 # The NAC is the one chapters 7-9 built, with the public code's kernel: truncated at a cosine
 # distance of 0.9, a learnable bandwidth, and the straight-through gradient chapter 7 measured to
 # meet the prior better. At `cpu` its signatures and bandwidth learn at 1e-2 (the rest at 1e-3):
-# 1,560 steps instead of the paper's ~30,000 leave the wiring no time to move at the common rate
-# (mean $P$ 0.15 → 0.135 in three epochs, against 0.036 at 1e-2). Also at `cpu`, every processor
+# 1,560 steps instead of the paper's ~39,000 (Table 4: batch 1,024, 400 epochs of 100,000
+# images) leave the wiring no time to move at the common rate (mean $P$ 0.15 → 0.135 in three
+# epochs, against 0.036 at 1e-2). Also at `cpu`, every processor
 # module reads the input (no separate read-in modules, chapter 9): with 16 read-in modules, a
 # two-layer, ten-epoch NAC routed around its mediators (dropping 80 % of them cost at most 0.3
 # points in any order), which would leave nothing to test. `gpu` keeps the public code's 64

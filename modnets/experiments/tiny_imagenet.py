@@ -204,7 +204,7 @@ GPU_NAC = {"num_read_in": 64, "straight_through": True}
 CPU_NAC = {"num_read_in": 0, "straight_through": True, "drop_path": 0.0}
 #: cpu: the signatures and bandwidth learn at 1e-2 (the rest at 1e-3): measured over 3 epochs,
 #: mean off-diagonal P moves from 0.15 to 0.135 at 1e-3 and to 0.036 at 1e-2 (the scale-free
-#: prior's density at 64 modules is ~0.03); the paper's ~30,000 steps give the wiring time that
+#: prior's density at 64 modules is ~0.03); the paper's ~39,000 steps give the wiring time that
 #: the cpu profile's 1,560 do not.
 CPU_CIRCUIT_LR = 1e-2
 CPU_EPOCHS = 10
