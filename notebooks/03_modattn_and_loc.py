@@ -147,10 +147,9 @@ attn.fused = None  # the default: see below
 
 # %% [markdown]
 # Which form is faster depends on the number of tokens. On a GPU the fused kernel wins. On a CPU
-# with few tokens (chapter 6 has 18), $W$ is no larger than the queries, and the fused kernel's
-# overhead per head costs more than it saves; from some tens of tokens on (about 64 here) it is
-# faster. Chapter 12
-# measures this. With `fused=None`, the default, ModAttn uses the fused kernel on a GPU and on a
+# with few tokens (chapter 6 at the `cpu` profile has 6: four 16×16 patches and 2 CLS tokens), $W$
+# is no larger than the queries, and the fused kernel's overhead per head costs more than it
+# saves; from some tens of tokens on (about 64 here) it is faster. Chapter 12 measures this. With `fused=None`, the default, ModAttn uses the fused kernel on a GPU and on a
 # CPU from `modnets.nn.modattn.FUSED_MIN_TOKENS` tokens on.
 
 # %% [markdown]
@@ -259,9 +258,9 @@ assert torch.allclose(out, looped, atol=1e-5)
 
 # %% [markdown]
 # The cost of this parallelism is memory: the attention weights are `(B, U, H, T, T)`, $U$ times a
-# transformer's. For the digits setting of chapter 6 (batch 128, 5 functions, 4 heads, 65 tokens)
-# that is 10.8 M floats per LOC, about 43 MB, unless the fused form above is used, which never
-# keeps them. Performance is measured in `bench/` and chapter 12.
+# transformer's. For the paper's digits setting (chapter 6 at the `gpu` profile: batch 128,
+# 5 functions, 4 heads, 64 patches and 3 CLS tokens, so 67 tokens) that is 11.5 M floats per LOC,
+# about 46 MB, unless the fused form above is used, which never keeps them. Performance is measured in `bench/` and chapter 12.
 #
 # ## What we learned
 #
