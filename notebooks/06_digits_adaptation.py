@@ -44,9 +44,9 @@ if "google.colab" in sys.modules:
 #
 # It looks at how inferred types cluster over iterations (Fig. 4) and how routing paths differ
 # between digits (Fig. 3), and, as a check of our own, at running fewer function iterations than
-# in training (anytime inference: the paper's Fig. 8 shows it on its PGM task of §4.3, not here). This chapter runs all of it at
-# the current profile, from several pretraining seeds, and ends with each claim tested by a rule
-# fixed before any number was seen.
+# in training (anytime inference: the paper's Fig. 8 shows it on its PGM task of §4.3, not here).
+# This chapter runs all of it at the current profile, from several pretraining seeds, and ends
+# with each claim tested by a rule fixed before any number was seen.
 
 # %%
 import matplotlib.pyplot as plt
