@@ -254,7 +254,7 @@ print(
 # candidates whose routing the diagnostics call *modular at every function iteration*, the one
 # with the best $R^2$ on that cut wins (failing that, the best modular one, then the best of all;
 # the table says which). Two lessons of a pilot shaped this rule. Routing moves with training: after
-# 4 of the 10 epochs, $\tau = 1.0$ with type dimension 8 still used 3-4 functions, and it collapses
+# 4 of 10 epochs, $\tau = 1.0$ with type dimension 8 still used 3-4 functions, and it collapses
 # onto two by the end, so candidates train for the full length. And the best fit drifts towards
 # uniform routing: asking only that the regime not be uniform *overall* let a candidate with one
 # iteration at the uniform threshold win. Then each finetuning regime gets the learning rate that scores best on the same cut of
@@ -455,8 +455,8 @@ per_seed.round(4)
 # %% [markdown]
 # **Reading the table.** The profile printed above decides the scale: the `smoke` profile only
 # proves that the code runs (its numbers are meaningless); the rendered book shows the `cpu`
-# profile, which uses 10 000 points per function instead of 163 840, 10 + 3 epochs instead of
-# 20 + 3, and a small model, trained from five claim seeds, each on its own draw of the 30
+# profile, which uses 10 000 points per function instead of 163 840 (with the paper's 20 + 3
+# epochs) and a small model, trained from five claim seeds, each on its own draw of the 30
 # functions, after the sweep on a selection seed that is never a claim seed (cold time:
 # book/setup.md). Three things make our numbers differ from
 # the paper's even at full scale: the function sampler and the model sizes are our reading of the
