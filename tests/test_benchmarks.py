@@ -182,9 +182,15 @@ def test_train_steps_covers_every_experiments_models_and_has_nothing_to_compare_
     cfg = b.CONFIGS["smoke"]
     res = b.bench_train_steps(cfg, torch.device("cpu"))
     assert [r["model"] for r in res["rows"]] == list(b._experiment_models(cfg))
-    assert {"NI (fuzzy Booleans)", "NI (digits)", "ViT (digits)", "NAC (Tiny-ImageNet)",
-            "Perceiver IO (Tiny-ImageNet)", "CNN (stacked MNIST)",
-            "NFM (stacked MNIST)"} == {r["model"] for r in res["rows"]}  # fmt: skip
+    assert {
+        "NI (fuzzy Booleans)",
+        "NI (digits)",
+        "ViT (digits)",
+        "NAC (Tiny-ImageNet)",
+        "Perceiver IO (Tiny-ImageNet)",
+        "CNN (stacked MNIST)",
+        "NFM (stacked MNIST)",
+    } == {r["model"] for r in res["rows"]}
     # smoke trains every model plainly: both sides are the same step, no verdict
     assert not any(r["compile"] or r["fused"] for r in res["rows"])
     assert res["met"] is None and res["ratio"] is None
@@ -203,8 +209,9 @@ def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
     config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False, compile=True, fused=True)
     monkeypatch.setattr(torch, "compile", aot_eager)
     monkeypatch.delenv("MODNETS_COMPILE", raising=False)
-    monkeypatch.setattr(b, "_experiment_models",
-                        lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)})  # fmt: skip
+    monkeypatch.setattr(
+        b, "_experiment_models", lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)}
+    )
     res = b.bench_train_steps(b.CONFIGS["smoke"], torch.device("cpu"))
     (row,) = res["rows"]
     assert len(compiled) == 1  # the as-run side only; eager and fused-only stay eager

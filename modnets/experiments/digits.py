@@ -113,8 +113,16 @@ def _pretrain_tc(lr: float, epochs: int = 100, batch_size: int = 128, **speed) -
     ``clip_grad_norm=1.0``: the digits training loop has clipped the gradient norm at 1.0 since
     the experiment's first version (commit 170b25f); NI §4.2 states no clipping, so this is our
     choice, kept so that the conversion to :func:`modnets.training.fit` changes no training."""
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.05,
-                       warmup_fraction=0.05, clip_grad_norm=1.0, amp=True, **speed)  # fmt: skip
+    return TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=0.05,
+        warmup_fraction=0.05,
+        clip_grad_norm=1.0,
+        amp=True,
+        **speed,
+    )
 
 
 @dataclass(frozen=True)

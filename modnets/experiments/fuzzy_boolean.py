@@ -98,8 +98,16 @@ FAMILIES = ("truth_tables", "formulas")  # the function families FuzzyBooleanTra
 
 
 def _tc(epochs: int, batch_size: int, lr: float, **speed) -> TrainConfig:
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.01,
-                       warmup_fraction=0.05, amp=False, log_points=200, **speed)  # fmt: skip
+    return TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=0.01,
+        warmup_fraction=0.05,
+        amp=False,
+        log_points=200,
+        **speed,
+    )
 
 
 @dataclass(frozen=True)
@@ -464,8 +472,14 @@ def selection_split(data: MultiTaskData, fraction: float) -> MultiTaskData:
     return MultiTaskData(x[: n - k], y[: n - k], x[n - k :], y[n - k :])
 
 
-def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: bool = True,
-          cache: bool = True, resume: bool = False) -> tuple[FuzzyBooleanTrain, dict]:  # fmt: skip
+def sweep(
+    config: FuzzyBooleanConfig,
+    data=None,
+    device=None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+) -> tuple[FuzzyBooleanTrain, dict]:
     """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
     ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
     ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
@@ -488,8 +502,17 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
     for cand in sw.candidates():
         tc = replace(t, model={**t.model, **cand}, pretrain=replace(t.pretrain, epochs=epochs),
                      finetune_lrs=())  # fmt: skip
-        model, _ = _pretrained(tc, sw.seed, pre_fit, fingerprint, device, show_progress, cache,
-                               resume, f"sweep: {_label(cand)}")  # fmt: skip
+        model, _ = _pretrained(
+            tc,
+            sw.seed,
+            pre_fit,
+            fingerprint,
+            device,
+            show_progress,
+            cache,
+            resume,
+            f"sweep: {_label(cand)}",
+        )
         r2 = evaluate(model, pre_sel).mean().item()
         routing = diagnostics.ni_routing(model, pre_sel.x_val[: config.routing_points])
         rows.append({**cand, "r2": r2, "regime": routing["regime"],
@@ -505,9 +528,19 @@ def sweep(config: FuzzyBooleanConfig, data=None, device=None, show_progress: boo
     for regime in REGIMES:
         lr_scores[regime] = {}
         for lr in sorted(sw.finetune_lrs):
-            model, _ = _finetuned(replace(tc, finetune_lrs=((regime, lr),)), regime, sw.seed,
-                                  weights, new_fit, fingerprint, device, show_progress, cache,
-                                  resume, f"sweep: finetune [{regime}] lr {lr:g}")  # fmt: skip
+            model, _ = _finetuned(
+                replace(tc, finetune_lrs=((regime, lr),)),
+                regime,
+                sw.seed,
+                weights,
+                new_fit,
+                fingerprint,
+                device,
+                show_progress,
+                cache,
+                resume,
+                f"sweep: finetune [{regime}] lr {lr:g}",
+            )
             lr_scores[regime][lr] = evaluate(model, new_sel).mean().item()
     # the best rate per regime (ties: the smaller)
     lrs = tuple((r, max(v, key=lambda lr, v=v: (v[lr], -lr))) for r, v in lr_scores.items())

@@ -113,9 +113,18 @@ VAL_BATCH = 256
 
 def _optim(epochs: int, batch_size: int, **speed) -> TrainConfig:
     """Adam at 1e-3, constant (App. C); no clipping; the best validation epoch is kept."""
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=1e-3, optimizer="adam",
-                       schedule="constant", clip_grad_norm=None, amp=True, best="acc",
-                       save_every=200, **speed)  # fmt: skip
+    return TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=1e-3,
+        optimizer="adam",
+        schedule="constant",
+        clip_grad_norm=None,
+        amp=True,
+        best="acc",
+        save_every=200,
+        **speed,
+    )
 
 
 @dataclass(frozen=True)

@@ -119,17 +119,28 @@ PAPER = {
 }
 
 
-def _tc(epochs: int, batch_size: int, lr: float, min_lr: float, warmup_epochs: int,
-        **speed) -> TrainConfig:  # fmt: skip
+def _tc(
+    epochs: int, batch_size: int, lr: float, min_lr: float, warmup_epochs: int, **speed
+) -> TrainConfig:
     """AdamW, weight decay 0.05 (vectors, codes and signatures exempt: the model's
     ``parameter_groups``), linear warm-up over ``warmup_epochs`` then cosine decay to ``min_lr``
     (NAC App. C, Table 4); bf16 autocast on CUDA. Gradients are clipped to norm 1.0, as this
     experiment has done since its first version: NAC Table 4 lists no clipping, so this is our
     choice (the usual safeguard for attention models trained with AdamW at a high peak rate),
     kept so that the conversion to :func:`fit` changes no trained model."""
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=0.05,
-                       warmup_fraction=warmup_epochs / epochs, min_lr=min_lr, clip_grad_norm=1.0,
-                       amp=True, log_points=100, save_every=200, **speed)  # fmt: skip
+    return TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=0.05,
+        warmup_fraction=warmup_epochs / epochs,
+        min_lr=min_lr,
+        clip_grad_norm=1.0,
+        amp=True,
+        log_points=100,
+        save_every=200,
+        **speed,
+    )
 
 
 @dataclass(frozen=True)
