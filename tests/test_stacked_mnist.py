@@ -412,3 +412,12 @@ def test_the_max_head_is_trained_beside_for_the_dip(env):
     files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
     # per seed: one CNN pretraining per head, the two finetuned models, the max head's CNN
     assert len(files) == 2 * 5 and sum("-finetuned_" in f for f in files) == 2 * 3
+
+
+def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
+    first = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=2)
+    files = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
+    assert len(files) == 4  # 2 models x 2 seeds: the run's own loop trained nothing more
+    again = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=1)
+    assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
+    assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]

@@ -27,6 +27,7 @@ is short and never checkpointed.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modnets import diagnostics, distributed
+from modnets import diagnostics, distributed, parallel
 from modnets.baselines import ViT
 from modnets.data import data_root
 from modnets.data.digits import load_digits
@@ -774,53 +775,105 @@ def _validation_match(trained: dict, snapshots: dict, models: dict) -> tuple[str
     return ahead, model
 
 
-def run(config: DigitsConfig | None = None, profile: str | None = None, show_progress: bool = True,
-        cache: bool = True, resume: bool = False, root=None, verify: bool = True) -> dict:  # fmt: skip
+def _seed_results(
+    config: DigitsConfig,
+    device,
+    show_progress: bool,
+    cache: bool,
+    resume: bool,
+    root,
+    verify: bool,
+    seed: int,
+) -> dict:
+    """Everything :func:`run` records of pretraining ``seed`` (plain JSON, so that a worker
+    process can compute it): ``{"rows": {kind: per-seed entry}, "routing": {...}}``."""
+    seeded = draws_for(config, seed)
+    data = load_pretraining_data(seeded.train, root, verify)
+    kmnist = load_kmnist_data(seeded, root, verify)
+    models: dict = {kind: {"per_seed": []} for kind in KINDS}
+    trained, snapshots = {}, {}
+    for kind in KINDS:
+        model, history, snapshots[kind] = trained_model(
+            kind,
+            seeded,
+            seed,
+            data,
+            device,
+            show_progress,
+            cache,
+            resume,
+            root,
+            verify,
+            snapshots=True,
+        )
+        acc = evaluate(model, data)
+        trained[kind] = model
+        models[kind]["per_seed"].append(
+            {
+                "seed": seed,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "history": history,
+                "val_acc": acc,
+                "mean_val_acc": _mean(acc),
+            }
+        )
+    matched = _validation_match(trained, snapshots, models)
+    ni = trained["ni"]
+    models["ni"]["per_seed"][-1]["num_iterations"] = ni.config.num_iterations
+    A = config.adaptation_seeds
+    runs = A * (5 * len(config.sample_counts) + len(config.capacity_functions))
+    bar = progress(
+        total=runs,
+        desc=f"K-MNIST adaptation (seed {seed})",
+        disable=not (show_progress and distributed.is_main()),
+    )
+    analysed = _analyse(trained, matched, data, kmnist, seeded, seed, bar)
+    bar.close()
+    for kind in KINDS:
+        models[kind]["per_seed"][-1].update(analysed[kind])
+    idx = torch.linspace(0, len(data.x_val) - 1, min(config.routing_images, len(data.x_val)))
+    images = Preprocess()(data.x_val[idx.long()])  # spread over the datasets
+    routing = {"seed": seed, **diagnostics.ni_routing(ni, images)}
+    # NI Figs. 3 and 4 on the same images: routing paths by digit, and type clusters
+    figs = diagnostics.ni_paths_and_types(ni, images, data.y_val[idx.long()])
+    models["ni"]["per_seed"][-1].update(figs)
+    return {"rows": {kind: models[kind]["per_seed"][0] for kind in KINDS}, "routing": routing}
+
+
+def run(
+    config: DigitsConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    verify: bool = True,
+    workers: int | None = None,
+) -> dict:
     """The whole experiment at every pretraining seed; the results in the harness schema.
 
     ``models["ni" | "vit"]["per_seed"]`` holds each seed's history, validation accuracy and
     K-MNIST accuracies (one per adaptation seed); the NI's also its capacity, dropped-function
     and anytime accuracies. The summaries beside ``per_seed`` are :func:`harness.seed_stats` over
     pretraining seeds of each seed's mean (over adaptation seeds, trials or datasets).
+    ``workers``: the processes the seeds run in, whole (:func:`harness.workers_for`).
     """
     start = time.perf_counter()
     profile = get_profile(profile)
     config = select(CONFIGS, profile) if config is None else config
     device = distributed.local_device() if distributed.is_distributed() else default_device()
-    models: dict = {kind: {"per_seed": []} for kind in KINDS}
-    routing = []
-    A = config.adaptation_seeds
-    per_seed_runs = A * (5 * len(config.sample_counts) + len(config.capacity_functions))
-    for seed in config.seeds:
-        seeded = draws_for(config, seed)
-        data = load_pretraining_data(seeded.train, root, verify)
-        kmnist = load_kmnist_data(seeded, root, verify)
-        trained, snapshots = {}, {}
-        for kind in KINDS:
-            model, history, snapshots[kind] = trained_model(
-                kind, seeded, seed, data, device, show_progress, cache, resume, root, verify,
-                snapshots=True)  # fmt: skip
-            acc = evaluate(model, data)
-            trained[kind] = model
-            models[kind]["per_seed"].append({
-                "seed": seed, "parameters": sum(p.numel() for p in model.parameters()),
-                "history": history, "val_acc": acc, "mean_val_acc": _mean(acc),
-            })  # fmt: skip
-        matched = _validation_match(trained, snapshots, models)
-        ni = trained["ni"]
-        models["ni"]["per_seed"][-1]["num_iterations"] = ni.config.num_iterations
-        bar = progress(total=per_seed_runs, desc=f"K-MNIST adaptation (seed {seed})",
-                       disable=not (show_progress and distributed.is_main()))  # fmt: skip
-        analysed = _analyse(trained, matched, data, kmnist, seeded, seed, bar)
-        bar.close()
-        for kind in KINDS:
-            models[kind]["per_seed"][-1].update(analysed[kind])
-        idx = torch.linspace(0, len(data.x_val) - 1, min(config.routing_images, len(data.x_val)))
-        images = Preprocess()(data.x_val[idx.long()])  # spread over the datasets
-        routing.append({"seed": seed, **diagnostics.ni_routing(ni, images)})
-        # NI Figs. 3 and 4 on the same images: routing paths by digit, and type clusters
-        figs = diagnostics.ni_paths_and_types(ni, images, data.y_val[idx.long()])
-        models["ni"]["per_seed"][-1].update(figs)
+    workers = harness.workers_for(workers, profile, device)
+    inline = workers == 1 or len(config.seeds) == 1
+    one = functools.partial(
+        _seed_results, config, device, show_progress and inline, cache, resume, root, verify
+    )
+    per_seed_results = parallel.map_tasks(
+        one, config.seeds, workers, "pretraining seeds", show_progress and not inline
+    )
+    models: dict = {
+        kind: {"per_seed": [r["rows"][kind] for r in per_seed_results]} for kind in KINDS
+    }
+    routing = [r["routing"] for r in per_seed_results]
     for kind, entry in models.items():
         runs = entry["per_seed"]
         entry["mean_val_acc"] = seed_stats([r["mean_val_acc"] for r in runs])

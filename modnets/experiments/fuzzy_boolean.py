@@ -23,6 +23,7 @@ Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.js
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import time
@@ -593,12 +594,28 @@ def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
                            steps=t.pretrain.epochs * (n // t.pretrain.batch_size))]  # fmt: skip
 
 
-def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
-        show_progress: bool = True, cache: bool = True, resume: bool = False) -> dict:  # fmt: skip
+def _train_seed(
+    config: FuzzyBooleanConfig, chosen: FuzzyBooleanTrain, device, resume: bool, seed: int
+) -> None:
+    """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`run`'s
+    loop, ahead of it in a worker process."""
+    seeded = replace(config, train=task_for(chosen, seed))
+    trained_models(seeded, seed, None, device, show_progress=False, cache=True, resume=resume)
+
+
+def run(
+    config: FuzzyBooleanConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    workers: int | None = None,
+) -> dict:
     """The whole experiment at every seed; the results in the harness schema (plain JSON).
 
     ``models[key]["per_seed"]`` holds each seed's R^2 per function, history and trainable count;
-    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds.
+    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds. ``workers``: the
+    processes the seeds train in (:func:`harness.workers_for`).
     """
     start = time.perf_counter()
     profile = get_profile(profile)
@@ -608,6 +625,9 @@ def run(config: FuzzyBooleanConfig | None = None, profile: str | None = None,
     if set(selection) & set(config.seeds):
         raise ValueError(f"the selection seeds {selection} overlap the claim seeds {config.seeds}")
     chosen, sweep_report = sweep(config, None, device, show_progress, cache, resume)
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_seed, config, chosen, device, resume)
+    harness.train_ahead(train, config.seeds, workers, cache, "claim seeds", show_progress)
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:

@@ -39,7 +39,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from modnets import distributed
+from modnets import distributed, parallel
 from modnets.training import CheckpointError, checkpoint_dir, save_checkpoint
 from modnets.utils import seed_everything
 
@@ -49,6 +49,8 @@ __all__ = [
     "data_fingerprint",
     "checkpoint_key",
     "load_or_train",
+    "workers_for",
+    "train_ahead",
     "seed_stats",
     "per_seed",
     "provenance",
@@ -296,6 +298,34 @@ def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Mod
         state_path.unlink(missing_ok=True)  # the finished model replaces its training state
     distributed.barrier()
     return (model, history, kept) if extra else (model, history)
+
+
+def workers_for(workers: int | None, profile: str, device) -> int:
+    """The processes an experiment trains its independent models in
+    (:func:`modnets.parallel.map_tasks`): ``workers`` where given; else one under ``torchrun``
+    and at ``smoke`` (a process's start-up would cost more than its seconds of training), and
+    :func:`modnets.parallel.default_workers` otherwise."""
+    if workers is not None:
+        return workers
+    if distributed.is_distributed() or profile == "smoke":
+        return 1
+    return parallel.default_workers(device)
+
+
+def train_ahead(
+    train: Callable,
+    tasks: Sequence,
+    workers: int,
+    cache: bool,
+    desc: str,
+    show_progress: bool = True,
+) -> None:
+    """``train(task)`` for every task, side by side in ``workers`` processes, into the
+    checkpoints that the experiment's own loop then loads (the loop analyses in this process,
+    where its timings are not shared with a neighbour). Nothing with one worker or without
+    checkpoints (``cache=False``): the loop then trains."""
+    if cache and workers > 1 and len(tasks) > 1:
+        parallel.map_tasks(train, tasks, workers, desc, show_progress)
 
 
 # ----------------------------------------------------------------------------- seeds

@@ -20,6 +20,7 @@ re-runs without retraining; an interrupted training (Ctrl-C) continues with ``--
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -502,9 +503,28 @@ def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
 # ----------------------------------------------------------------------------- the experiment
 
 
-def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
-        show_progress: bool = True, cache: bool = True, resume: bool = False, root=None,
-        verify: bool = True) -> dict:  # fmt: skip
+def _train_task(
+    config: StackedMNISTConfig, device, resume: bool, root, verify: bool, task: tuple
+) -> None:
+    """Train (into checkpoints) what :func:`run`'s loop loads for ``task = (seed, pool)``: both
+    models with the configured head, or the plain CNN with the dip diagnostic's ``pool``."""
+    seed, pool = task
+    kinds = MODELS if pool == config.train.pool else ("cnn",)
+    config = replace(config, train=replace(config.train, pool=pool))
+    for kind in kinds:
+        trained_model(kind, config, seed, None, device, False, True, resume, root, verify)
+
+
+def run(
+    config: StackedMNISTConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    verify: bool = True,
+    workers: int | None = None,
+) -> dict:
     """Train (or load) both models at every seed and test them on every digit count; the
     results in the harness schema (plain JSON).
 
@@ -512,6 +532,7 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
     ``label``), history and parameter count; ``models[name]["test"][count]["exact"]`` the
     accuracy summarised over seeds. ``diagnostics["per_seed"]`` holds the NFM reads (traced and
     as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
+    ``workers``: the processes the models train in (:func:`harness.workers_for`).
     """
     start = time.perf_counter()
     profile = get_profile(profile)
@@ -521,6 +542,11 @@ def run(config: StackedMNISTConfig | None = None, profile: str | None = None,
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODELS.values()}
     diag_per_seed = []
+    pools = (config.train.pool, *config.dip_pools)
+    tasks = [(seed, pool) for seed in config.seeds for pool in pools]
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_task, config, device, resume, root, verify)
+    harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}

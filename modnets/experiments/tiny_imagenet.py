@@ -24,6 +24,7 @@ Run ``python -m modnets.experiments.tiny_imagenet --profile cpu --out results.js
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -569,9 +570,22 @@ def fit_to_gpu(config: TinyImageNetConfig, device, memory_bytes: float | None = 
     return replace(config, train=t)
 
 
-def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
-        show_progress: bool = True, cache: bool = True, resume: bool = False,
-        root=None) -> dict:  # fmt: skip
+def _train_task(config: TinyImageNetConfig, device, resume: bool, root, task: tuple) -> None:
+    """Train (into its checkpoint) the model of ``task = (seed, kind, prior)``: :func:`run`'s
+    loop, ahead of it in a worker process."""
+    seed, kind, prior = task
+    trained_model(kind, config, seed, None, device, prior, False, True, resume, root)
+
+
+def run(
+    config: TinyImageNetConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    workers: int | None = None,
+) -> dict:
     """Train (or load) every model at every seed and run every analysis; the results in the
     harness schema (plain JSON).
 
@@ -579,6 +593,8 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
     ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
     The drop curves always include 0 and 0.8, the edge curves 0 and 0.9 (the claims need them).
+    ``workers``: the processes the models train in (:func:`harness.workers_for`); the analyses,
+    throughput included, run in this process alone.
     """
     start = time.perf_counter()
     profile = get_profile(profile)
@@ -591,6 +607,10 @@ def run(config: TinyImageNetConfig | None = None, profile: str | None = None,
     runs = [("pio", None)] + [("nac", p) for p in config.priors]
     models = {model_name(k, p): {"kind": k, "prior": p, "per_seed": []} for k, p in runs}
     diag = {model_name("nac", p): [] for p in config.priors}
+    tasks = [(seed, kind, prior) for seed in config.seeds for kind, prior in runs]
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_task, config, device, resume, root)
+    harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
     for seed in config.seeds:
         for kind, prior in runs:
             name = model_name(kind, prior)

@@ -1,0 +1,106 @@
+"""Independent trainings side by side: one process per core on a CPU.
+
+The experiments train many small models that do not depend on each other (one per seed, prior
+or head). On a CPU, one such training step uses two threads poorly: two single-threaded
+processes, each training its own model, get through more steps per second than one process
+with both threads (chapter 12, ``seed_workers``). :func:`map_tasks` runs a list of such tasks
+that way and returns their results in order; :func:`default_workers` says how many processes a
+machine gets.
+
+A task runs with ``cpu_count // workers`` threads, and 1 and 2 threads round differently, so a
+model trained in a worker equals the one trained in the main process only up to rounding -- as
+with the fused optimiser, the checkpoint key does not include it. With one worker (a GPU, or
+``MODNETS_SEED_WORKERS=1``) every task runs in this process, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+import torch
+
+from modnets.utils import progress
+
+__all__ = ["default_workers", "map_tasks"]
+
+
+def default_workers(device: torch.device | str | None = None) -> int:
+    """Processes for independent trainings: ``MODNETS_SEED_WORKERS`` where set, else one per
+    CPU core on a CPU and 1 on an accelerator (whose one device the tasks would share)."""
+    value = os.environ.get("MODNETS_SEED_WORKERS")
+    if value is not None:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"MODNETS_SEED_WORKERS must be a positive integer, got {value!r}")
+        return int(value)
+    if device is not None and torch.device(device).type != "cpu":
+        return 1
+    return os.cpu_count() or 1
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+    if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
+        os.setpgrp()
+
+
+def map_tasks(
+    fn: Callable,
+    tasks: Sequence,
+    workers: int | None = None,
+    desc: str | None = None,
+    show_progress: bool = True,
+) -> list:
+    """``[fn(task) for task in tasks]``, on a CPU in ``workers`` processes of ``cpu_count //
+    workers`` threads each (started fresh, so ``fn`` and the tasks must pickle: a module-level
+    function, a ``functools.partial`` of one). Ctrl-C reaches every worker (a training saves its
+    resumable state) before it is raised here."""
+    if workers is None:
+        workers = default_workers()
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    workers = min(workers, len(tasks))
+    bar = progress(total=len(tasks), desc=desc, disable=not show_progress)
+    if workers <= 1:
+        out = []
+        for task in tasks:
+            out.append(fn(task))
+            bar.update(1)
+        bar.close()
+        return out
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
+    pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
+    futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+    results: list = [None] * len(tasks)
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[futures[future]] = future.result()
+                bar.update(1)
+    except BrokenProcessPool as err:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise RuntimeError(
+            "a worker process died before its task ended; where a script calls this with "
+            "several workers, its top level must sit under `if __name__ == '__main__':` "
+            "(each worker imports the script), or pass workers=1"
+        ) from err
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        for process in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(ProcessLookupError):  # a training in flight saves its state
+                os.kill(process.pid, signal.SIGINT)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        bar.close()
+    pool.shutdown()
+    return results

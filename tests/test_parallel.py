@@ -1,0 +1,83 @@
+"""Independent trainings side by side (modnets.parallel): results in order, one thread per
+process on two cores, errors and Ctrl-C reach the caller, and an experiment's models trained in
+workers are the ones its loop then loads."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from modnets import parallel
+from modnets.experiments import harness
+
+
+def _where(x):
+    return x, os.getpid(), torch.get_num_threads()
+
+
+def _fails(x):
+    if x == 2:
+        raise RuntimeError(f"task {x} failed")
+    return x
+
+
+def _sleeps(path):
+    """Write a marker, then wait to be interrupted; the interruption is recorded as a file."""
+    path.write_text("started")
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        path.with_suffix(".saved").write_text("saved")
+        raise
+    return path
+
+
+def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
+    out = parallel.map_tasks(_where, [3, 1, 2, 0], workers=2, show_progress=False)
+    assert [x for x, _, _ in out] == [3, 1, 2, 0]
+    pids = {pid for _, pid, _ in out}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert {threads for _, _, threads in out} == {max(1, (os.cpu_count() or 1) // 2)}
+    inline = parallel.map_tasks(_where, [5, 6], workers=1, show_progress=False)
+    assert [(x, pid) for x, pid, _ in inline] == [(5, os.getpid()), (6, os.getpid())]
+
+
+def test_a_failing_task_raises_its_error_here():
+    with pytest.raises(RuntimeError, match="task 2 failed"):
+        parallel.map_tasks(_fails, [1, 2, 3], workers=2, show_progress=False)
+
+
+def test_ctrl_c_reaches_the_workers_before_it_is_raised(tmp_path):
+    paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
+
+    def interrupt():  # Ctrl-C in this process once both tasks have started
+        while not all(p.exists() for p in paths):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        parallel.map_tasks(_sleeps, paths, workers=2, show_progress=False)
+    assert all(p.with_suffix(".saved").exists() for p in paths)  # each worker saw it
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_the_worker_count_is_checked(monkeypatch, value):
+    monkeypatch.setenv("MODNETS_SEED_WORKERS", value)
+    with pytest.raises(ValueError, match="MODNETS_SEED_WORKERS"):
+        parallel.default_workers()
+    with pytest.raises(ValueError, match="workers"):
+        parallel.map_tasks(_where, [1], workers=0)
+
+
+def test_workers_one_process_at_smoke_and_on_an_accelerator(monkeypatch):
+    monkeypatch.delenv("MODNETS_SEED_WORKERS", raising=False)
+    assert harness.workers_for(None, "smoke", "cpu") == 1
+    assert harness.workers_for(None, "cpu", "cuda") == 1
+    assert harness.workers_for(None, "cpu", "cpu") == (os.cpu_count() or 1)
+    assert harness.workers_for(3, "smoke", "cpu") == 3
+    monkeypatch.setenv("MODNETS_SEED_WORKERS", "1")
+    assert harness.workers_for(None, "cpu", "cpu") == 1
