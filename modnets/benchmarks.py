@@ -54,6 +54,7 @@ __all__ = [
     "set_fused",
     "bench_ni_memory",
     "bench_thread_policy",
+    "bench_seed_workers",
     "bench_nac_vs_pio",
     "bench_read_in_memory",
     "bench_token_scaling",
@@ -922,6 +923,63 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     )
 
 
+def _workers_child(experiments: str, min_run_time: float, threads: int) -> dict[str, float]:
+    """Run in a fresh process: each experiment model's optimiser step (ms, as its config runs
+    it but eager) at ``threads`` threads."""
+    torch.set_num_threads(threads)
+    cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
+    out = {}
+    for name, (build, x, config) in _experiment_models(cfg).items():
+        torch.manual_seed(0)
+        step = _optimiser_step(build(), x, replace(config, compile=False))
+        out[name] = 1e3 * median_time(step, 3, 1, min_run_time=min_run_time)
+    return out
+
+
+def bench_seed_workers(cfg: BenchConfig, device) -> dict:
+    """Independent trainings side by side (:mod:`modnets.parallel`): each experiment model's
+    step in one process with a thread per core, and in one single-threaded process per core, all
+    running at once (each times the models in the same order, so their steps overlap).
+    ``gain``: the steps per second of all those processes together over the one process's.
+    Target: more than 1 for every model."""
+    cores = os.cpu_count() or 1
+    if device.type != "cpu" or cores < 2:
+        return _result(
+            "seeds in worker processes",
+            [],
+            None,
+            "> 1x",
+            None,
+            "needs a CPU with two cores or more",
+        )
+
+    def child(threads: int) -> subprocess.Popen:
+        code = (
+            "import json; from modnets.benchmarks import _workers_child; "
+            f"print(json.dumps(_workers_child({cfg.experiments!r}, {cfg.min_run_time!r}, "
+            f"{threads})))"
+        )
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    def result(proc: subprocess.Popen) -> dict[str, float]:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"a benchmark process failed (exit {proc.returncode})")
+        return json.loads(out.strip().splitlines()[-1])
+
+    one = result(child(cores))
+    side_by_side = [result(p) for p in [child(1) for _ in range(cores)]]
+    rows = []
+    for name, ms in one.items():
+        each = [r[name] for r in side_by_side]
+        gain = sum(ms / t for t in each)
+        rows.append({"model": name, "one_process_ms": ms, "worker_ms": max(each), "gain": gain})
+    worst = min(r["gain"] for r in rows)
+    return _result(
+        f"seeds in {cores} single-threaded processes vs one", rows, worst, "> 1x", worst > 1.0
+    )
+
+
 BENCHMARKS = {
     "modulated": bench_modulated,
     "ni_vectorised": bench_ni_vectorised,
@@ -937,6 +995,7 @@ BENCHMARKS = {
     "flop_utilisation": bench_flop_utilisation,
     "many_modules": bench_many_modules,
     "train_steps": bench_train_steps,
+    "seed_workers": bench_seed_workers,
 }
 
 

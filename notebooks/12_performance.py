@@ -439,6 +439,34 @@ plt.tight_layout()
 # profile every step is the plain one, so there is nothing to compare.
 
 # %% [markdown]
+# ## 10. Seeds side by side
+#
+# The experiments train many models that do not depend on each other: one per seed, prior or
+# head. On a CPU, `modnets.parallel.map_tasks` trains them in one single-threaded process per core
+# (`run(..., workers=...)`, `MODNETS_SEED_WORKERS`; one process on a GPU and at `smoke`). Below,
+# each model's step in one process with a thread per core against the same step in one
+# single-threaded process per core, all running at once: `gain` is how many more steps per
+# second the side-by-side processes take together.
+
+# %% tags=["hide-input"]
+r = results["seed_workers"]
+print(benchmarks.format_result(r))
+if r["rows"]:
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh([row["model"] for row in r["rows"]], [row["gain"] for row in r["rows"]])
+    ax.axvline(1.0, color="tab:red", ls="--", lw=0.8, label="one process")
+    ax.invert_yaxis()
+    ax.set_xlabel("steps per second, side by side / one process")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+
+# %% [markdown]
+# What to see: every bar past the dashed line means that seeds trained side by side finish
+# sooner than seeds trained one after another with both threads. The gain is largest where a
+# step is too small to keep two threads busy (a thread waits at every small operation) and
+# smallest where a step is a few large matmuls, which split well across threads.
+
+# %% [markdown]
 # ## Summary
 #
 # Every target beside its measured figure (`met` / `MISSED`), as the suite reports it:

@@ -2,6 +2,7 @@
 transformer that does the NI's attention and MLP work. (No speed is asserted here: speed is
 measured in ``bench/``, as ratios in one run.)"""
 
+import json
 import time
 
 import pytest
@@ -220,3 +221,27 @@ def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
     assert row["speedup"] == pytest.approx(row["eager_ms"] / row["as_run_ms"])
     assert 0 < row["mfu"] and row["warmup_s"] >= 0
     assert res["met"] == (row["speedup"] >= 1.4)  # no NI here: the speed-up alone decides
+
+
+def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_core(monkeypatch):
+    cores = 2
+    monkeypatch.setattr(b.os, "cpu_count", lambda: cores)
+    launched = []
+
+    class Child:  # a process whose steps take 10 ms at 2 threads and 16 ms at 1
+        def __init__(self, args, **kwargs):
+            self.threads = int(args[-1].rsplit(", ", 1)[1].rstrip(")"))
+            launched.append(self.threads)
+            self.returncode = 0
+
+        def communicate(self):
+            ms = 10.0 if self.threads == 2 else 16.0
+            return json.dumps({"NI (digits)": ms}), None
+
+    monkeypatch.setattr(b.subprocess, "Popen", Child)
+    res = b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))
+    assert launched == [2, 1, 1]  # one process of two threads, then two of one, at once
+    (row,) = res["rows"]
+    assert row["gain"] == pytest.approx(2 * 10 / 16) and res["met"] is True
+    monkeypatch.setattr(b.os, "cpu_count", lambda: 1)
+    assert b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))["met"] is None
