@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -177,9 +178,13 @@ class NACConfig:
         for name, heads in (("num_heads", self.num_heads), ("read_in_heads", self.read_in_heads)):
             if self.dim % heads:
                 raise ValueError(f"NACConfig.{name}={heads} must divide dim={self.dim}")
-        for name in ("temperature", "bandwidth"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"NACConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("temperature", "bandwidth", "delta"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(
+                    f"NACConfig.{name} must be positive and finite, got {getattr(self, name)!r}"
+                )
+        if not 0 <= self.alpha < math.inf:  # 0: ModFC without modulation
+            raise ValueError(f"NACConfig.alpha must be non-negative and finite, got {self.alpha!r}")
         choices = {
             "activation": ("gelu", "geglu"),
             "eval_kernel": EVAL_KERNELS,

@@ -403,8 +403,17 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
-        if not self.lr > 0:
-            raise ValueError(f"TrainConfig.lr must be positive, got {self.lr!r}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"TrainConfig.lr must be positive and finite, got {self.lr!r}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(
+                f"TrainConfig.min_lr (the schedule's floor) must be in [0, lr={self.lr}], "
+                f"got {self.min_lr!r}"
+            )
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(
+                f"TrainConfig.weight_decay must be non-negative and finite, got {self.weight_decay!r}"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"
@@ -591,10 +600,22 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
                 logged.add(logs)
                 done = loop.step + 1
                 if done % log_every == 0 or done == total:
+                    means = {
+                        k: distributed.all_reduce_sum(v.item() / logged.count)
+                        / distributed.world_size()
+                        for k, v in logged.sums.items()
+                    }
+                    if not math.isfinite(means["loss"]):  # stop before a broken step is saved
+                        last = history["loss"][-1] if history["loss"] else None
+                        raise FloatingPointError(
+                            f"the loss became {means['loss']} in steps {done - logged.count + 1}"
+                            f" to {done} (last logged loss: {last}, at step "
+                            f"{history['step'][-1] if history['step'] else None}); lower "
+                            "TrainConfig.lr or set clip_grad_norm"
+                        )
                     history["step"].append(done)
-                    for k, v in logged.sums.items():
-                        mean = distributed.all_reduce_sum(v.item() / logged.count)
-                        history.setdefault(k, []).append(mean / distributed.world_size())
+                    for k, mean in means.items():
+                        history.setdefault(k, []).append(mean)
                     logged.sums, logged.count = {}, 0
                 history["seconds"] = spent + time.perf_counter() - start
                 loop.step_done()

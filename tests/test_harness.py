@@ -39,6 +39,23 @@ def test_fit_logs_the_mean_loss_since_the_last_log_point():
     assert hist["loss"] == [0.5, 2.5, 4.5, 6.5]  # means of steps (0, 1), (2, 3), ...
 
 
+def test_a_non_finite_loss_stops_fit_naming_the_steps_and_the_last_finite_loss(tmp_path):
+    model = nn.Linear(1, 1, bias=False)
+    values = iter([1.0, 3.0, 5.0, 7.0, float("nan"), 1.0, 1.0, 1.0])
+
+    def step(net, idx):
+        return net.weight.sum() * 0 + next(values)
+
+    cfg = TrainConfig(epochs=2, batch_size=1, lr=1e-3, schedule="constant", log_points=4, amp=False)
+    state = tmp_path / "state.pt"
+    with pytest.raises(
+        FloatingPointError, match=r"nan in steps 5 to 6 \(last logged loss: 6.0, at step 4\)"
+    ):
+        fit(model, step, cfg, n=4, show_progress=False, state_path=state)
+    saved = torch.load(state, weights_only=False)  # the state of the last finite epoch, kept
+    assert saved["step"] == 4 and saved["history"]["loss"] == [2.0, 6.0]
+
+
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_fit_clips_gradients_only_when_asked(clip):
     model = nn.Linear(3, 1, bias=False)
@@ -67,9 +84,21 @@ def test_fit_restores_the_best_epoch():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("epochs", 0), ("batch_size", 1.5), ("lr", 0.0), ("optimizer", "sgd"), ("schedule", "step"),
-     ("warmup_fraction", 1.0), ("clip_grad_norm", 0.0)],
-)  # fmt: skip
+    [
+        ("epochs", 0),
+        ("batch_size", 1.5),
+        ("lr", 0.0),
+        ("lr", float("inf")),
+        ("lr", float("nan")),
+        ("min_lr", -1e-2),  # would drive the learning rate negative
+        ("min_lr", 1.0),  # above lr: the schedule would raise the rate
+        ("weight_decay", -0.1),
+        ("optimizer", "sgd"),
+        ("schedule", "step"),
+        ("warmup_fraction", 1.0),
+        ("clip_grad_norm", 0.0),
+    ],
+)
 def test_train_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{"epochs": 1, "batch_size": 1, "lr": 1e-3, field: value})
