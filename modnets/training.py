@@ -11,7 +11,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -213,6 +213,17 @@ def load_train_state(path: str | os.PathLike, map_location=None) -> dict:
     return state
 
 
+def _differences(saved, now, where: str = "") -> list[str]:
+    """``"name: saved -> now"`` for every leaf where two nested dicts differ."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for k in dict.fromkeys([*saved, *now]):
+            name = f"{where}.{k}" if where else str(k)
+            out += _differences(saved.get(k, "(absent)"), now.get(k, "(absent)"), name)
+        return out
+    return [] if saved == now else [f"{where or 'config'}: {saved!r} -> {now!r}"]
+
+
 class ResumableLoop:
     """Epochs of shuffled minibatches that can stop at any step and resume bit for bit.
 
@@ -249,9 +260,12 @@ class ResumableLoop:
 
     def _load(self) -> None:
         state = load_train_state(self.path, map_location="cpu")  # load_state_dict moves it
-        if self.config is not None and state.get("config") not in (None, self.config):
+        saved = state.get("config")
+        if self.config is not None and saved is not None and saved != self.config:
+            changed = "; ".join(_differences(saved, self.config))
             raise CheckpointError(
-                f"{self.path} was written for another configuration; delete it or drop --resume"
+                f"{self.path} was written under other settings ({changed}): resume with the "
+                "saved ones, or delete it (or drop --resume) to start again"
             )
         for name, obj in self.objects.items():
             obj.load_state_dict(state["objects"][name])
@@ -555,6 +569,9 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
     net = maybe_compile(net, config.compile)
     log_every = max(1, total // config.log_points)
     start = time.perf_counter()
+    # the state remembers the settings that shape the weights: a resume under others is refused
+    keyed = {f.name: getattr(config, f.name) for f in fields(config) if f.metadata.get("key", True)}
+    state_config = {"fit": keyed, **({} if state_config is None else {"run": state_config})}
     with ResumableLoop(state_path, objects, history, state_config, seed, config.save_every,
                        resume, enabled=distributed.is_main()) as loop:  # fmt: skip
         spent = history["seconds"]  # a resumed run adds to the time already spent

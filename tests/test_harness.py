@@ -18,7 +18,7 @@ from modnets.experiments import claims as cl
 from modnets.experiments import fuzzy_boolean as fb
 from modnets.experiments import harness, report
 from modnets.ni import NeuralInterpreter, NIConfig
-from modnets.training import TrainConfig, fit
+from modnets.training import CheckpointError, TrainConfig, fit
 
 EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
 
@@ -478,3 +478,24 @@ def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path)
     )
     _, _, _, missing = report.reproduction(("tiny_imagenet",), "cpu", tmp_path)
     assert len(missing) == 1 and "tiny_imagenet" in missing[0]
+
+
+def test_resuming_under_a_changed_train_config_is_refused_naming_the_fields(tmp_path):
+    model, state = nn.Linear(2, 1), tmp_path / "state.pt"
+    cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3, save_every=2, amp=False)
+    calls = iter(range(100))
+
+    def step(net, idx):  # the third step fails, after the state of step 2 was saved
+        if next(calls) == 2:
+            raise RuntimeError("stop")
+        return net(torch.ones(1, 2)).sum()
+
+    with pytest.raises(RuntimeError, match="stop"):
+        fit(model, step, cfg, n=6, show_progress=False, state_path=state)
+    changed = dataclasses.replace(cfg, lr=2e-3, compile=False, save_every=3)
+    with pytest.raises(CheckpointError, match=r"fit\.lr: 0\.001 -> 0\.002\)"):
+        fit(model, step, changed, n=6, show_progress=False, state_path=state, resume=True)
+    # what does not shape the weights may change (save_every); the run then goes on from step 2
+    again = dataclasses.replace(cfg, save_every=3)
+    hist = fit(model, step, again, n=6, show_progress=False, state_path=state, resume=True)
+    assert hist["step"][-1] == 6
