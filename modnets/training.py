@@ -317,6 +317,9 @@ class ResumableLoop:
             signal.signal(signal.SIGTERM, self._old_term)
         if exc_type is None:
             self.save()
+            if getattr(self, "_interrupted", False):  # Ctrl-C after the last step: still a stop
+                where = f" (state in {self.path})" if self.path else ""
+                raise KeyboardInterrupt(f"interrupted after the last step, {self.step}{where}")
         return False
 
     def epochs(self, epochs: int):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from modnets import distributed
 from modnets.experiments.results import save_results
 from modnets.profiles import PROFILES
+from modnets.training import checkpoint_dir
 
 __all__ = ["experiment_main", "format_claims"]
 
@@ -29,6 +31,17 @@ def format_claims(results: dict) -> str:
         lines.append(f"  [{c['verdict']}] {c['id']}: {c['text']} -- ours {c['ours']}; "
                      f"paper {c['paper']}{reason}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why a file cannot be written in ``folder`` (created if missing), or None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], doc: str,
@@ -44,6 +57,15 @@ def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], do
     parser.add_argument("--resume", action="store_true",
                         help="continue interrupted training from its checkpoints")  # fmt: skip
     args = parser.parse_args(argv)
+    # where the run will write, checked before it trains for hours
+    folders = {"--out": args.out.parent if args.out is not None else None}
+    folders["the checkpoint folder (MODNETS_CHECKPOINTS)"] = (
+        None if args.no_cache else checkpoint_dir()
+    )
+    for what, folder in folders.items():
+        problem = folder and _unwritable(folder)
+        if problem:
+            parser.error(f"{what}: cannot write to {folder} ({problem})")
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
         results = run(profile=args.profile, show_progress=not args.quiet, resume=args.resume,
@@ -55,6 +77,7 @@ def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], do
                 save_results(results, args.out)
                 print(f"results written to {args.out}", file=sys.stderr)
     except KeyboardInterrupt as err:
-        sys.exit(f"\n{err or 'interrupted'}; rerun with --resume to continue")
+        what = str(err) or "interrupted outside a training step (nothing to save)"
+        sys.exit(f"\n{what}; rerun with --resume to continue")
     finally:
         distributed.cleanup()

@@ -1,0 +1,69 @@
+"""The experiments' command line: where it writes is checked before it trains, and Ctrl-C
+always stops with a message saying what was saved."""
+
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+from modnets.experiments.cli import experiment_main
+from modnets.training import TrainConfig, fit
+
+
+def _never(**kwargs):
+    raise AssertionError("the run started")
+
+
+@pytest.mark.parametrize("where", ["out", "checkpoints"])
+def test_an_unwritable_output_or_checkpoint_folder_stops_the_cli_before_it_trains(
+    tmp_path, monkeypatch, capsys, where
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    argv = ["--out", str(blocker / "results.json")] if where == "out" else []
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(blocker / "ckpt" if where != "out" else tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        experiment_main(_never, str, "doc", argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--out" if where == "out" else "MODNETS_CHECKPOINTS") in err and str(blocker) in err
+
+
+def test_ctrl_c_outside_a_training_step_names_what_happened(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        experiment_main(interrupted, str, "doc", [])
+    assert "interrupted outside a training step" in str(stop.value.code)
+
+
+def test_ctrl_c_during_the_last_evaluation_is_not_swallowed(tmp_path):
+    model, state = nn.Linear(2, 1), tmp_path / "state.pt"
+    cfg = TrainConfig(epochs=1, batch_size=2, lr=1e-3, amp=False)
+
+    def evaluate(net):  # a real SIGINT after the last training step
+        os.kill(os.getpid(), signal.SIGINT)
+        return {"acc": 0.5}
+
+    def step(net, idx):
+        return net(torch.ones(len(idx), 2)).sum()
+
+    with pytest.raises(KeyboardInterrupt, match="after the last step, 2"):
+        fit(model, step, cfg, n=4, evaluate=evaluate, show_progress=False, state_path=state)
+    assert torch.load(state, weights_only=False)["step"] == 2  # saved: --resume ends at once
+    hist = fit(
+        model,
+        step,
+        cfg,
+        n=4,
+        evaluate=lambda net: {"acc": 0.5},
+        show_progress=False,
+        state_path=state,
+        resume=True,
+    )
+    assert hist["step"] == [1, 2] and hist["epoch"] == [1]  # nothing trained again
