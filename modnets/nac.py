@@ -48,6 +48,7 @@ from modnets.nn.read_in import ReadIn
 from modnets.nn.skmdpa import EVAL_KERNELS, SKMDPA, link_probabilities
 from modnets.probes import probe
 from modnets.training import weight_decay_groups
+from modnets.utils import check_input
 
 __all__ = [
     "NACConfig",
@@ -534,6 +535,7 @@ class NeuralAttentiveCircuit(nn.Module):
 
     # -- the circuit ------------------------------------------------------------------------------
     def tokens(self, x: Tensor) -> Tensor:
+        x = check_input(x, self)
         t = self.tokenizer(x) if self.tokenizer is not None else x
         if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != self.config.input_dim:
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -541,6 +543,8 @@ class NeuralAttentiveCircuit(nn.Module):
                 f"x must give tokens of shape (batch, tokens, input_dim={self.config.input_dim}), "
                 f"got {shape}"
             )
+        if t.shape[1] == 0:  # the read-in would attend over nothing: a constant output
+            raise ValueError("x gives no tokens: the read-in needs at least one")
         return t
 
     def design(self, tokens: Tensor | None = None, condition: Tensor | None = None):

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.probes import probe, trace
+from modnets.utils import check_input
 
 __all__ = [
     "ACTIVATIONS",
@@ -532,7 +533,7 @@ class NFMNetwork(nn.Module):
         K = self.passes if passes is None else _positive_int(passes, "passes")
         if K > self.passes and not (self.share_blocks and self.share_attention):
             raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
-        if _tensor(x, "x").dim() < 2 or x.shape[1] != self.dims[0]:
+        if check_input(x, self).dim() < 2 or x.shape[1] != self.dims[0]:
             raise ValueError(f"x must be (batch, {self.dims[0]}, *size), got {tuple(x.shape)}")
         if not return_details:
             return self.algorithm_1(x, K)
@@ -701,7 +702,9 @@ class ConvNet(nn.Module):
         return new
 
     def forward(self, x: Tensor, return_details: bool = False):
-        h0 = self.stem(x)
+        """The logits of images ``x`` ``(B, 1, H, W)``; with ``return_details`` (NFM only) also
+        the body's :class:`NFMOutput` (reads, states)."""
+        h0 = self.stem(check_input(x, self))
         if return_details:
             if self.nfm is None:
                 raise ValueError("return_details needs a ConvNet with NFM")

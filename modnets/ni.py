@@ -24,6 +24,7 @@ from modnets.nn.loc import LOC
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 from modnets.probes import probe
+from modnets.utils import check_input
 
 __all__ = [
     "NIConfig",
@@ -305,7 +306,10 @@ class Script(nn.Module):
             )
         # always the tensor, never "None when all active": reading its values would break a
         # torch.compile graph, and an all-True mask changes nothing (keep & True)
-        return mask.to(torch.bool)
+        mask = mask.to(torch.bool)
+        if function_mask is not None and not torch.compiler.is_compiling() and not mask.any():
+            raise ValueError("function_mask switches every function off: keep at least one")
+        return mask
 
     def forward(
         self,
@@ -411,7 +415,12 @@ class NeuralInterpreter(ClassTokenModel):
         function_mask: Tensor | list[Tensor] | None = None,
         return_routing: bool = False,
     ) -> Tensor | NIOutput:
-        h = self.cls(self.tokenizer(x))
+        """The logits ``(B, num_cls, num_outputs)`` of inputs ``x`` (images ``(B, C, H, W)`` or
+        vectors ``(B, input_dim)``, per the tokenizer); with ``return_routing`` an
+        :class:`NIOutput` with every script's compatibilities ``C`` and types. ``num_iterations``
+        and ``function_mask`` (``(num_functions,)`` bool: which functions run) apply to every
+        script, or take a list with one per script."""
+        h = self.cls(self.tokenizer(check_input(x, self)))
         iters = self._per_script(num_iterations, "num_iterations")
         masks = self._per_script(function_mask, "function_mask")
         compats, types = [], []

@@ -11,7 +11,26 @@ import textwrap
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "count_parameters", "progress"]
+__all__ = ["seed_everything", "default_device", "count_parameters", "progress", "check_input"]
+
+
+def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:
+    """``x`` when it is a floating-point tensor of ``model``'s dtype; otherwise a ``TypeError``
+    naming what it is and how to convert it (a model's forward calls this first)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(x).__name__} "
+            "(torch.as_tensor converts a NumPy array)"
+        )
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating-point, got dtype {x.dtype}: pass {name}.float()")
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is not None and x.dtype != weight.dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the model's weights are {weight.dtype}: pass "
+            f"{name}.to({weight.dtype}) or convert the model with .to({x.dtype})"
+        )
+    return x
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:

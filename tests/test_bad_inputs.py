@@ -123,7 +123,24 @@ CASES = [
     ("warmup_cosine total_steps", lambda: warmup_cosine(opt(), 0), ValueError, "total_steps"),
     ("r2_score shapes", lambda: r2_score(torch.zeros(3), torch.zeros(4)), ValueError, "pred"),
     ("benchmarks only", lambda: run_all("smoke", only=["warp"], show=None), ValueError, "only"),
+    # inputs a model cannot read: named before anything runs
+    ("NI every function masked", lambda: ni()(torch.randn(2, 3, 8, 8),
+     function_mask=torch.zeros(2, dtype=torch.bool)), ValueError, "every function off"),
+    ("NI integer images", lambda: ni()(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)), TypeError,
+     "uint8"),
+    ("NI NumPy images", lambda: ni()(torch.zeros(2, 3, 8, 8).numpy()), TypeError, "ndarray"),
+    ("NI float64 into float32", lambda: ni()(torch.zeros(2, 3, 8, 8, dtype=torch.float64)),
+     TypeError, "float64 but the model's weights are torch.float32"),
+    ("NAC no tokens", lambda: nac()(torch.randn(2, 0, 6)), ValueError, "no tokens"),
+    ("NAC integer tokens", lambda: nac()(torch.zeros(2, 5, 6, dtype=torch.long)), TypeError,
+     "int64"),
+    ("NFM(CNN) float64 into float32", lambda: ConvNet(width=2).with_nfm()(
+     torch.zeros(1, 1, 8, 8, dtype=torch.float64)), TypeError, "float64"),
 ]  # fmt: skip
+
+
+def ni():
+    return modnets.NeuralInterpreter(ni_cfg())
 
 
 def test_the_table_is_large_enough():
