@@ -275,11 +275,11 @@ class Script(nn.Module):
         self._append_functions(config.num_functions, trainable=True)
         self.register_buffer("function_mask", torch.ones(config.num_functions, dtype=torch.bool))
 
-    def _append_functions(self, n: int, trainable: bool, device=None) -> None:
+    def _append_functions(self, n: int, trainable: bool, device=None, dtype=None) -> None:
         c = self.config
-        sig = nn.Parameter(random_signatures(n, c.type_dim).to(device))
+        sig = nn.Parameter(random_signatures(n, c.type_dim).to(device, dtype))
         sig.requires_grad_(trainable and c.learn_signatures)
-        code = nn.Parameter(torch.randn(n, c.code_dim, device=device))
+        code = nn.Parameter(torch.randn(n, c.code_dim).to(device, dtype))
         code.requires_grad_(trainable)
         self.signature_chunks.append(sig)
         self.code_chunks.append(code)
@@ -287,6 +287,22 @@ class Script(nn.Module):
     @property
     def num_functions(self) -> int:
         return sum(s.shape[0] for s in self.signature_chunks)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # functions may sit in other chunks than here (added, frozen or removed after the save):
+        # load them by row, whatever the chunks, by splitting the saved rows as this model does
+        for name in ("signature_chunks", "code_chunks"):
+            saved = [k for k in state_dict if k.startswith(f"{prefix}{name}.")]
+            keys = sorted(saved, key=lambda k: int(k.rsplit(".", 1)[1]))
+            rows = torch.cat([state_dict.pop(k) for k in keys]) if keys else None
+            if rows is not None:
+                sizes = [p.shape[0] for p in getattr(self, name)]
+                if rows.shape[0] == sum(sizes):
+                    for i, part in enumerate(rows.split(sizes)):
+                        state_dict[f"{prefix}{name}.{i}"] = part
+                else:  # a shape error names the saved count
+                    state_dict[f"{prefix}{name}.0"] = rows
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def signatures(self) -> Tensor:
@@ -351,8 +367,8 @@ class Script(nn.Module):
         if freeze_existing:
             for p in [*self.signature_chunks, *self.code_chunks]:
                 p.requires_grad_(False)
-        device = self.code_chunks[0].device
-        self._append_functions(n, trainable=True, device=device)
+        device, dtype = self.code_chunks[0].device, self.code_chunks[0].dtype  # e.g. after .half()
+        self._append_functions(n, trainable=True, device=device, dtype=dtype)
         new = torch.full((n,), bool(active), dtype=torch.bool, device=device)
         self.function_mask = torch.cat([self.function_mask, new])
 
@@ -437,11 +453,20 @@ class NeuralInterpreter(ClassTokenModel):
         return logits
 
     def add_functions(self, n: int, freeze_existing: bool = False, active: bool = True) -> None:
-        """Add ``n`` functions to every script (see :meth:`Script.add_functions`)."""
+        """Add ``n`` functions to every script (see :meth:`Script.add_functions`); the config
+        follows, so ``NeuralInterpreter(model.config)`` loads the model's ``state_dict``."""
         for script in self.scripts:
             script.add_functions(n, freeze_existing, active)
+        self._config_follows()
 
     def remove_functions(self, indices) -> None:
-        """Remove functions from every script (see :meth:`Script.remove_functions`)."""
+        """Remove functions from every script (see :meth:`Script.remove_functions`); the config
+        follows."""
         for script in self.scripts:
             script.remove_functions(indices)
+        self._config_follows()
+
+    def _config_follows(self) -> None:
+        self.config = self.config.replace(num_functions=self.scripts[0].num_functions)
+        for script in self.scripts:
+            script.config = self.config

@@ -714,3 +714,27 @@ def test_model_composes_its_scripts_and_a_script_repeats_one_function_iteration(
         by_hand = model.heads(h[:, :2])
         torch.testing.assert_close(model(x), by_hand, rtol=0, atol=0)
         assert not torch.allclose(model(x, num_iterations=2), by_hand)  # the check can fail
+
+
+def test_the_config_follows_added_and_removed_functions_so_a_fresh_model_loads_the_weights():
+    cfg = dict(num_iterations=1, num_heads=2, image_size=8, patch_size=4, num_outputs=3)
+    cfg = modnets.NIConfig(dim=16, type_dim=4, num_functions=3, **cfg)
+    torch.manual_seed(0)
+    model = modnets.NeuralInterpreter(cfg).eval()
+    x = torch.randn(2, 3, 8, 8)
+    model.add_functions(2, freeze_existing=True, active=False)  # a second chunk of functions
+    model.remove_functions([1])
+    assert model.config.num_functions == model.scripts[0].num_functions == 4
+    again = modnets.NeuralInterpreter(model.config).eval()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(again(x), model(x), rtol=0, atol=0)
+    assert again.scripts[0].function_mask.tolist() == [True, True, False, False]
+
+
+def test_functions_added_after_a_dtype_change_take_the_model_s_dtype():
+    cfg = dict(num_iterations=1, num_heads=2, image_size=8, patch_size=4, num_outputs=3)
+    cfg = modnets.NIConfig(dim=16, type_dim=4, num_functions=2, **cfg)
+    model = modnets.NeuralInterpreter(cfg).double()
+    model.add_functions(2)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert model(torch.randn(2, 3, 8, 8, dtype=torch.float64)).dtype == torch.float64
