@@ -16,9 +16,11 @@ with the fused optimiser, the checkpoint key does not include it. With one worke
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -45,6 +47,8 @@ def default_workers(device: torch.device | str | None = None) -> int:
 
 def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
+    if sys.platform == "linux":  # the parent gone (a killed kernel), a worker stops as on Ctrl-C
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
         os.setpgrp()
 

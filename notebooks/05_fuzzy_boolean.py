@@ -456,7 +456,7 @@ per_seed.round(4)
 # **Reading the table.** The profile printed above decides the scale: the `smoke` profile only
 # proves that the code runs (its numbers are meaningless); the rendered book shows the `cpu`
 # profile, which uses 10 000 points per function instead of 163 840 (with the paper's 20 + 3
-# epochs) and a small model, trained from six claim seeds, each on its own draw of the 30
+# epochs) and a small model, trained from four claim seeds, each on its own draw of the 30
 # functions, after the sweep on a selection seed that is never a claim seed (cold time:
 # book/setup.md). Three things make our numbers differ from
 # the paper's even at full scale: the function sampler and the model sizes are our reading of the

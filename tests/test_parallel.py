@@ -4,6 +4,8 @@ workers are the ones its loop then loads."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -24,8 +26,13 @@ def _fails(x):
     return x
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _sleeps(path):
     """Write a marker, then wait to be interrupted; the interruption is recorded as a file."""
+    signal.signal(signal.SIGTERM, _interrupt)  # as a training loop does (ResumableLoop)
     path.write_text("started")
     try:
         time.sleep(60)
@@ -81,3 +88,28 @@ def test_workers_one_process_at_smoke_and_on_an_accelerator(monkeypatch):
     assert harness.workers_for(3, "smoke", "cpu") == 3
     monkeypatch.setenv("MODNETS_SEED_WORKERS", "1")
     assert harness.workers_for(None, "cpu", "cpu") == 1
+
+
+def _parent_of_a_worker(path):
+    """Start a worker on a long task, then die without a word (as a killed kernel does)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    pool = parallel.ProcessPoolExecutor(
+        1, context, initializer=parallel._init_worker, initargs=(1,)
+    )
+    pool.submit(_sleeps, path)
+    while not path.exists():
+        time.sleep(0.05)
+    os._exit(0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_parent_dies_stops_as_on_ctrl_c(tmp_path):
+    path = tmp_path / "task.txt"
+    code = f"from tests.test_parallel import _parent_of_a_worker as f; from pathlib import Path; f(Path({str(path)!r}))"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    deadline = time.time() + 30
+    while not path.with_suffix(".saved").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert path.with_suffix(".saved").exists()  # the worker saw SIGTERM, not a minute of sleep
