@@ -2,6 +2,7 @@
 transformer that does the NI's attention and MLP work. (No speed is asserted here: speed is
 measured in ``bench/``, as ratios in one run.)"""
 
+import dataclasses
 import json
 import time
 
@@ -239,9 +240,13 @@ def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_
             return json.dumps({"NI (digits)": ms}), None
 
     monkeypatch.setattr(b.subprocess, "Popen", Child)
-    res = b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))
+    cpu = dataclasses.replace(b.CONFIGS["smoke"], experiments="cpu")
+    assert b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))["rows"] == []
+    res = b.bench_seed_workers(cpu, torch.device("cpu"))
     assert launched == [2, 1, 1]  # one process of two threads, then two of one, at once
     (row,) = res["rows"]
     assert row["gain"] == pytest.approx(2 * 10 / 16) and res["met"] is True
     monkeypatch.setattr(b.os, "cpu_count", lambda: 1)
-    assert b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))["met"] is None
+    assert b.bench_seed_workers(cpu, torch.device("cpu"))["met"] is None
+    times = b._workers_child("smoke", 0.01, 1)  # what each child runs, at smoke
+    assert set(times) == set(b._experiment_models(b.CONFIGS["smoke"])) and min(times.values()) > 0
