@@ -287,7 +287,7 @@ for col in (
 display(
     cands.rename(columns={"r2": "selection R²", "type_dim": "type dim"})
     .style.hide(axis="index")
-    .format({"selection R²": "{:.4f}"})
+    .format({"selection R²": "{:.4f}", "truncation": "{:g}"})
 )
 print(
     wrap(

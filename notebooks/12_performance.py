@@ -245,7 +245,7 @@ print(r["note"] or "")
 # %% [markdown]
 # What to see: how the penalty next to a busy process (left) and the price on a quiet machine
 # (right) move with the spin count. Threads that sleep sooner are slower to wake. `modnets.threads`
-# takes 1,000, the dotted line, chosen in a `make bench` on two cores (2026-11-23). In that run a
+# takes 1,000, the dotted line, chosen in a `make bench` on two cores. In that run a
 # busy neighbour made a step at most 2.1x slower, against 5.2x with the default spinning, and quiet
 # steps were at most 1.23x slower. The summary at the end of this chapter says whether the run above
 # meets the target. Every core is kept, since two threads beat one on a quiet machine (printed
@@ -369,8 +369,8 @@ else:
     print("No CUDA GPU here: see the H100 run below.")
 
 # %% [markdown]
-# One such run, recorded on an H100 (a virtual machine with 16 cores; torch 2.11; 2026-11-24;
-# not recomputed when this page is built). Training steps, ratios of times in one process:
+# One such run, recorded on an H100 (a virtual machine with 16 cores; torch 2.11; not
+# recomputed when this page is built). Training steps, ratios of times in one process:
 #
 # | | float32 | bf16 | compiled, float32 |
 # |---|---|---|---|

@@ -9,7 +9,11 @@ Each rule reads a page's code inputs, cell outputs and tables of contents with
 * ``temp_path_warning``: a warning that names a temporary path (``/tmp/ipykernel_...``);
 * ``too_wide``: a line of a code cell or of an output wider than :data:`MAX_COLUMNS` characters,
   the width of the content column (a wider line hides behind a horizontal scroll bar);
-* ``citation_in_toc``: a raw citation key (``rahaman2021interpreters``) in a table of contents.
+* ``citation_in_toc``: a raw citation key (``rahaman2021interpreters``) in a table of contents;
+* ``pipe_table``: an output that prints a Markdown table as text (``|---|`` rows) instead of
+  rendering it (``IPython.display.Markdown``);
+* ``six_digits``: a number an output prints with six decimals ending in zeros (``58.890000``,
+  pandas' default), where a reader wants it formatted.
 
 ``python tests/book_audit.py _build/html`` (``make audit``) audits a build and exits non-zero on
 any finding; ``tests/test_book_audit.py`` shows each rule failing on a small made-up page.
@@ -35,6 +39,8 @@ TEMP_WARNING = re.compile(
     r"Warning.*(/tmp/|ipykernel_\d+|/var/folders/)|(/tmp/|ipykernel_\d+).*Warning"
 )
 INSTALL = re.compile(r"google\.colab|pip\W+install")
+PIPE_RULE = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$")
+SIX_DIGITS = re.compile(r"(?<![\w.])\d+\.\d{4}00(?![\w.])")
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Page:
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     toc: list[str] = field(default_factory=list)
+    output_text: list[str] = field(default_factory=list)  # every text of an output, tables too
 
 
 class _Reader(HTMLParser):
@@ -95,6 +102,8 @@ class _Reader(HTMLParser):
                 break
 
     def handle_data(self, data):
+        if self._role() == "output" and data.strip():
+            self.page.output_text.append(data)
         if self._pre is not None:
             self._pre.append(data)
         if self._link is not None:
@@ -131,6 +140,13 @@ def audit_page(html: str, max_columns: int = MAX_COLUMNS) -> list[str]:
     for entry in page.toc:
         if CITATION_KEY.search(entry):
             problems.append(f"citation_in_toc: {entry!r}")
+    for out in page.outputs:
+        rules = [line for line in out.splitlines() if PIPE_RULE.match(line)]
+        if rules:
+            problems.append(f"pipe_table: {rules[0].strip()[:50]!r} printed as text")
+    for text in page.output_text:
+        for number in SIX_DIGITS.findall(text):
+            problems.append(f"six_digits: {number} in {text.strip()[:50]!r}")
     return problems
 
 

@@ -30,9 +30,21 @@ def page(inputs=(), outputs=(), toc=()) -> str:
     )
 
 
+def table_page(cell: str) -> str:
+    """A page whose one output is an HTML table (a pandas DataFrame) with ``cell`` in it."""
+    return (
+        '<html><body><article><div class="cell_output docutils container"><div class="output '
+        f'text_html"><table><tr><th>paper</th></tr><tr><td>{cell}</td></tr></table></div></div>'
+        "</article></body></html>"
+    )
+
+
 def test_a_clean_page_passes():
     html = page(["x = 1"], ["tensor([1., 2.])"], ["ModLin, step by step"])
     assert audit_page(html) == []
+    # formatted numbers, a version string and a rule of dashes that is not a table pass
+    assert audit_page(page(outputs=["58.89 | 0.123456 | torch 2.13.000 | ----"])) == []
+    assert audit_page(table_page("58.89")) == []
 
 
 @pytest.mark.parametrize(
@@ -47,6 +59,9 @@ def test_a_clean_page_passes():
         (page(outputs=["x" * (MAX_COLUMNS + 1)]), "too_wide"),
         (page(inputs=["y" * (MAX_COLUMNS + 1)]), "too_wide"),
         (page(toc=["Neural Interpreters rahaman2021interpreters"]), "citation_in_toc"),
+        (page(outputs=["| setting | ours |\n|---|---|\n| all | 0.99 |"]), "pipe_table"),
+        (page(outputs=["paper: 58.890000"]), "six_digits"),
+        (table_page("58.890000"), "six_digits"),
     ],
 )  # fmt: skip
 def test_each_rule_fails_on_a_page_that_breaks_it(html, rule):
