@@ -428,3 +428,90 @@ fig.tight_layout()
 #
 # Next, Neural Interpreters decide *which* inputs each function sees: type inference and type
 # matching.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The length of a code.** Show from NI eq. 4 that a ModLin ignores the length of its code:
+#    for every $\lambda > 0$, $\operatorname{ModLin}(x; \lambda c) = \operatorname{ModLin}(x; c)$
+#    up to LayerNorm's $\epsilon$. What does $\operatorname{ModLin}(x; -c)$ give? Check both with
+#    the chapter's `modlin`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# LayerNorm subtracts the mean, which scales with $\lambda$, and divides by the standard
+# deviation, which scales with $|\lambda|$:
+# $\operatorname{LayerNorm}(\lambda v) = \operatorname{LayerNorm}(v)$ for $\lambda > 0$ and
+# $\operatorname{LayerNorm}(-v) = -\operatorname{LayerNorm}(v)$. So only the direction of a code
+# programs the layer, and with $m = \operatorname{LayerNorm}(W_c c)$,
+# $\operatorname{ModLin}(x; -c) = -W(x \odot m) + b = 2b - \operatorname{ModLin}(x; c)$.
+#
+# ```python
+# c = torch.randn(d_code)
+# with torch.no_grad():
+#     print((modlin(x, 3 * c) - modlin(x, c)).abs().max())  # small: LayerNorm's eps
+#     print((modlin(x, -c) - (2 * modlin.bias - modlin(x, c))).abs().max())
+# ```
+# :::
+#
+# 2. **A dial that is exactly linear.** The relative change of ModFC's output against $\alpha$ was
+#    a straight line through 0. Show from NAC eq. 1 that it is exactly linear in $\alpha$, not
+#    only for small $\alpha$, so that one point predicts the whole line. Is the same true of a
+#    whole `ModFFN`?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# With $m = \operatorname{LayerNorm}(W_c c)$, subtract the plain linear map:
+# $\operatorname{ModFC}(x; c) - (Wx + b) = \alpha\, W(x \odot m)$, $\alpha$ times a tensor that
+# does not depend on $\alpha$. Its norm, divided by the fixed $\lVert Wx + b \rVert$, is therefore
+# proportional to $\alpha$: the chapter's `rel` divided by `alphas` is one constant. A `ModFFN`
+# puts GELU or GEGLU between two ModFCs, so the second layer's input, and with it the output,
+# depends on $\alpha$ nonlinearly.
+#
+# ```python
+# print([r / a for r, a in zip(rel[1:], alphas[1:].tolist(), strict=True)][::5])
+# ```
+# :::
+#
+# 3. **Where modulations live.** Show that every modulation $m = \operatorname{LayerNorm}(W_c c)$
+#    has zero mean and, up to LayerNorm's $\epsilon$, norm $\sqrt{d_\text{in}}$: it lies on a
+#    sphere of dimension $d_\text{in} - 2$. What is left of that sphere at $d_\text{in} = 2$ (the
+#    note above)? Check the mean and the norm on 1000 random codes of a `modnets.ModLin(3, 2, 4)`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Zero mean and unit variance over $d_\text{in}$ features say $\sum_k m_k = 0$ and
+# $\sum_k m_k^2 = d_\text{in}$: a sphere of radius $\sqrt{d_\text{in}}$ inside the
+# $(d_\text{in} - 1)$-dimensional hyperplane of zero-mean vectors. At $d_\text{in} = 2$ the sphere
+# is two points, $\pm(1, -1)$. LayerNorm's $\epsilon$ pulls a few modulations inside the sphere:
+# those of codes for which $W_c c$ is nearly the same in every feature.
+#
+# ```python
+# layer = modnets.ModLin(3, 2, 4)
+# with torch.no_grad():
+#     m = layer.modulation(torch.randn(1000, 4))
+# print(m.sum(-1).abs().max(), m.norm(dim=-1).min(), m.norm(dim=-1).max(), 3**0.5)
+# ```
+# :::
+#
+# 4. **What a code costs.** Write the number of parameters of a `ModMLP` with widths
+#    $d_0, \dots, d_L$ and codes of size $d_\text{code}$, and check it against
+#    `count_parameters(mlp)` for the chapter's three-layer ModMLP. How many parameters does
+#    doubling $d_\text{code}$ from 8 to 16 add, and to which matrices?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Each ModLin holds $W$ ($d_\text{out} \times d_\text{in}$), $b$ ($d_\text{out}$) and $W_c$
+# ($d_\text{in} \times d_\text{code}$). Only the conditioning matrices grow with $d_\text{code}$,
+# by $(16 + 64 + 64) \times 8 = 1{,}152$ numbers; each module's code grows by 8 as well.
+#
+# ```python
+# def modmlp_count(widths, d_code):
+#     pairs = zip(widths[:-1], widths[1:], strict=True)
+#     return sum(o * i + o + i * d_code for i, o in pairs)
+#
+#
+# print(modmlp_count([16, 64, 64, 1], 8), count_parameters(mlp))
+# print(modmlp_count([16, 64, 64, 1], 16) - modmlp_count([16, 64, 64, 1], 8))
+# ```
+# :::

@@ -346,3 +346,85 @@ for st in (False, True):
 #   around 1. $\sigma$ (learned) sets how hard the routing is among the functions within reach.
 #
 # Next: what a function does with the tokens it is allowed to read — ModAttn and lines of code.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **How $\sigma$ splits a token.** Suppose two functions are within reach of a token, at
+#    distances $d_1 < d_2$. Show from NI eqs. 2–3 that their compatibilities satisfy
+#    $C_1 / C_2 = \exp\big((d_2 - d_1)/\sigma\big)$, whatever the other functions and $\epsilon$.
+#    How small must $\sigma$ be for the nearer function to receive 99 % of what the two receive
+#    together when $d_2 - d_1 = 0.1$? Check the ratio on the chapter's `types` and `signatures`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The normaliser $\epsilon + \sum_{u'} \tilde C_{u'i}$ is the same for both functions and cancels
+# in the ratio. A share of 99 % is a ratio of 99, so $\sigma \le 0.1/\ln 99 \approx 0.022$. With
+# $\tau = 2$ every pair but exact antipodes is within reach:
+#
+# ```python
+# tm_wide = modnets.TypeMatching(truncation=2.0, sigma=0.1)
+# with torch.no_grad():
+#     Cw, dw = tm_wide(types, signatures), tm_wide.distance(types, signatures)
+# print(((Cw[0, 0] / Cw[0, 1]).log() - (dw[0, 1] - dw[0, 0]) / 0.1).abs().max())
+# ```
+# :::
+#
+# 2. **The smallest useful bandwidth.** The grid above showed that with $\sigma = 0.02$ tokens
+#    within $\tau$ are silently unrouted. Take a token whose only function within reach lies at
+#    distance 1. Derive the $\sigma$ below which that function receives less than half of the
+#    token ($C < 1/2$) at $\epsilon = 10^{-6}$, and check the boundary with `TypeMatching`. Why
+#    does this boundary matter more in high dimensions than on the circle?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# $C = e^{-1/\sigma} / (\epsilon + e^{-1/\sigma}) \ge 1/2$ exactly when
+# $e^{-1/\sigma} \ge \epsilon$, that is $\sigma \ge 1/\ln(1/\epsilon) \approx 0.072$. In high
+# dimensions the distances concentrate near 1 (the previous section), so the boundary concerns
+# almost every token; on the circle they spread over $[0, 2]$.
+#
+# ```python
+# s0 = torch.tensor([[1.0, 0.0]])  # one signature
+# t0 = torch.tensor([[[0.0, 1.0]]])  # one type, at distance 1
+# for s in (0.05, 0.07, 0.075, 0.1):
+#     print(s, modnets.TypeMatching(truncation=1.5, sigma=s)(t0, s0).item())
+# ```
+# :::
+#
+# 3. **Predicting the fraction of pairs kept.** For random unit vectors in $\mathbb{R}^d$,
+#    $s \cdot t$ has mean 0 and variance $1/d$, and is close to normal for large $d$. Use this to
+#    predict the fraction of (signature, type) pairs that survive truncation at $\tau = 0.9$ with
+#    $d_\text{type} = 24$, then measure it as in the figure above.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A pair survives when $1 - s \cdot t < \tau$, that is $s \cdot t > 0.1$:
+# $0.1\sqrt{24} \approx 0.49$ standard deviations above the mean, which leaves about 31 % of a
+# normal distribution.
+#
+# ```python
+# t_rand = F.normalize(torch.randn(1, 4000, 24), dim=-1)
+# kept = distance(t_rand, random_signatures(8, 24)) < 0.9
+# print(kept.float().mean())
+# ```
+# :::
+#
+# 4. **Straight-through only in training.** Repeat the chapter's last experiment with the
+#    `TypeMatching` in evaluation mode (`.eval()`). Which gradient does `straight_through=True`
+#    give then, and why is that the right behaviour?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# `TypeMatching` passes the untruncated gradient only while it is training. The straight-through
+# gradient is a device for learning; outside training, a gradient (taken for an analysis, say)
+# should be the true derivative of what the module computes, and the truncated kernel of NI eq. 3
+# has zero derivative beyond $\tau$. The forward value is the same in both modes.
+#
+# ```python
+# tm_st = modnets.TypeMatching(truncation=tau, sigma=sigma, straight_through=True)
+# for training in (True, False):
+#     k0 = tm_st.train(training).kernel(far_type, signatures)
+#     (g,) = torch.autograd.grad(k0[0, 0, 0], far_type)
+#     print(f"training={training}: value {k0[0, 0, 0].item():.1f}, grad {g.norm():.3f}")
+# ```
+# :::

@@ -272,3 +272,76 @@ assert torch.allclose(out, looped, atol=1e-5)
 #   through unchanged.
 #
 # Next: stacking LOCs into an interpreter, iterating it, and assembling a full Neural Interpreter.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Full access is plain attention.** Show from NI eq. 7 that when every compatibility is 1 the
+#    modulated weights are the plain softmax divided by $1 + \epsilon$. Check it with
+#    `attn.attention_weights` and the chapter's `softmax`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# With $C \equiv 1$, $\tilde W_{uhij}$ is the softmax $s_{ij}$, whose row sums are 1, so
+# $W_{uhij} = s_{ij} / (\epsilon + 1)$.
+#
+# ```python
+# W_all = attn.attention_weights(x, codes, torch.ones_like(C))
+# print((W_all - softmax / (1 + 1e-6)).abs().max())
+# ```
+# :::
+#
+# 2. **Scaling the compatibilities.** Multiply every compatibility by $\lambda = 0.3$. Predict
+#    what happens to the weights $W$ of NI eq. 7, to ModAttn's output, and to the update $y - x$
+#    of a LOC (NI eqs. 9–10), then check.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# $\tilde W$ scales by $\lambda^2$ in the numerator and in the sum that divides it, so $W$ changes
+# only through $\epsilon$ (most in the rows whose sum $S$ is small), and ModAttn's output hardly
+# moves. In a LOC the gates $C_{ui}$ multiply both updates, so $y - x$ shrinks by about $\lambda$
+# (not exactly: the ModMLP reads a different $a$).
+#
+# ```python
+# print((attn.attention_weights(x, codes, 0.3 * C) - W).abs().max())
+# print((attn(x, codes, 0.3 * C) - attn(x, codes, C)).abs().max())
+# print((loc(x, codes, 0.3 * C) - x).norm() / (out - x).norm())
+# ```
+# :::
+#
+# 3. **Heads are free.** Count the parameters of `modnets.ModAttn(16, 8, num_heads=H)` for
+#    $H = 1, 2, 4, 8$ and explain the result from how the library builds the per-head ModLins of
+#    NI eq. 6. What does grow with $H$?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Each projection is one ModLin of width $d = H d_\text{head}$: head $h$ uses its own rows of $W$,
+# and all heads share $W_c$. So the count is $4(d^2 + d + d\, d_\text{code}) = 1{,}600$ for every
+# $H$. More heads make each head narrower ($d_\text{head} = d/H$, and the scores are divided by
+# $\sqrt{d_\text{head}}$), and the weights of NI eq. 7 hold $H$ attention patterns per stream:
+# `(B, U, H, T, T)` numbers.
+#
+# ```python
+# from modnets.utils import count_parameters
+#
+# print([count_parameters(modnets.ModAttn(16, 8, num_heads=h)) for h in (1, 2, 4, 8)])
+# ```
+# :::
+#
+# 4. **A blocked token is invisible.** Pick a blocked pair ($C_{ui} = 0$), add 5 to every feature
+#    of that token in stream $u$ only, and run the LOC again. Predict which outputs change and by
+#    how much, then check.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# In stream $u$ the token's row and column of $W$ are zero, so no other token reads it, and its
+# own updates are gated by $C_{ui} = 0$. Only $y_{ui}$ changes, by exactly the perturbation (norm
+# $5\sqrt{16} = 20$); the other streams never see stream $u$.
+#
+# ```python
+# b, u, j = (C == 0).nonzero()[0].tolist()
+# x2 = x.clone()  # x is a broadcast view: copy it before writing
+# x2[b, u, j] += 5.0
+# print((loc(x2, codes, C) - out).norm(dim=-1))  # (B, U, T)
+# ```
+# :::

@@ -443,3 +443,92 @@ print(
 #   number of iterations, and the set of functions, can change after training.
 #
 # Next, the paper's experiments: learning fuzzy Boolean functions with reusable functions.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **NI eq. 11, literal against delta.** Show that, for the same streams, the two residuals
+#    differ by exactly $\big(\sum_u C_{ui}\big)\, x_i$. Check it with the digits model's `interp`,
+#    `codes` and `C` (whose compatibilities sum to one over functions). What does this make of
+#    eight iterations of the literal form?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# With the stream outputs $\mathrm{LOCs}(x)_{ui}$, the delta form is
+# $x_i + \sum_u C_{ui}(\mathrm{LOCs}(x)_{ui} - x_i)$ and the literal one
+# $x_i + \sum_u C_{ui}\mathrm{LOCs}(x)_{ui}$. With $\sum_u C_{ui} = 1$ every literal iteration
+# adds one more copy of its input, which compounds to a factor near $2^8 = 256$ over eight
+# iterations (the first figure of the chapter). The training loop rebound `x`, so draw a new one:
+#
+# ```python
+# x = torch.randn(2, 7, cfg.dim)
+# with torch.no_grad():
+#     interp.residual = "literal"
+#     y_literal = interp(x, codes, C)
+#     interp.residual = "delta"
+#     y_delta = interp(x, codes, C)
+# print((y_literal - y_delta - C.sum(1)[..., None] * x).abs().max())
+# ```
+# :::
+#
+# 2. **What a function costs with two scripts.** Predict how many parameters one more function
+#    adds to the toy model with `num_scripts=2`, and how many the second script adds as a whole.
+#    Check both with `count_parameters`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Every script has its own functions, so one more function costs
+# $n_s(d_\text{type} + d_\text{code}) = 2 (8 + 32) = 80$ parameters. A script also has its own
+# function iteration (type-inference MLP, $\sigma$, the interpreter's LOCs), so the second script
+# costs a whole function iteration besides its four functions.
+#
+# ```python
+# two = toy.replace(num_scripts=2)
+# n_two = count_parameters(modnets.NeuralInterpreter(two))
+# n_more = count_parameters(modnets.NeuralInterpreter(two.replace(num_functions=5)))
+# print(n_more - n_two, n_two - count_parameters(modnets.NeuralInterpreter(toy)))
+# ```
+# :::
+#
+# 3. **Zero iterations.** The anytime-inference plot starts at 0 function iterations. Show that
+#    `net(x_val, num_iterations=0)` gives the same output for every input, and predict its
+#    validation MSE roughly.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Without a function iteration the CLS tokens never meet the input tokens, and the heads read the
+# learned CLS embeddings: constants. A constant prediction $c$ of a standardised target has an MSE
+# of about $1 + c^2$, so expect an MSE a little above 1.
+#
+# ```python
+# with torch.no_grad():
+#     out0 = net(x_val, num_iterations=0)
+# print((out0 - out0[:1]).abs().max(), out0[0, :, 0])
+# ```
+# :::
+#
+# 4. **Changing $\tau$ after training.** The toy model was trained with $\tau = 1.2$. Set the
+#    truncation of every script to 1.0 and to 1.4 at test time (`type_matching.truncation` of each
+#    script's `iteration`), and predict the effect on the routing and on the validation MSE before
+#    you measure them. Set it back to `toy.truncation` afterwards.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A smaller $\tau$ cuts pairs: tokens that the trained functions used to read become unmatched and
+# pass through unchanged (`unmatched` in `diagnostics.ni_routing`). A larger one lets functions
+# read tokens they never saw in training. Either way the functions run on routing they were not
+# trained for, so expect the MSE to rise in both directions; by how much depends on how many pairs
+# lie near the cut.
+#
+# ```python
+# for tau in (1.0, 1.2, 1.4):
+#     for s in net.scripts:
+#         s.iteration.type_matching.truncation = tau
+#     with torch.no_grad():
+#         mse = F.mse_loss(net(x_val)[..., 0], (y_val - mu) / sd).item()
+#     r = diagnostics.ni_routing(net, x_val[:256])
+#     print(tau, f"MSE {mse:.4f}, unmatched", [f"{u:.0%}" for u in r["unmatched"]])
+# for s in net.scripts:
+#     s.iteration.type_matching.truncation = toy.truncation
+# ```
+# :::

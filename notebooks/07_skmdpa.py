@@ -801,3 +801,88 @@ for name, experiment in CONFIGS.items():  # chapter 10's Tiny-ImageNet configura
 # Nothing so far keeps learned signatures from collapsing onto one direction, which would make
 # $P_{ij} = 1$ everywhere and the graph fully connected. Chapter 8 introduces the **graph priors**
 # of NAC App. A, which keep the learned graph sparse and shape it.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The mean of a soft kernel.** Show that for $p = 1/2$ the Concrete sample has mean exactly
+#    $1/2$ at every temperature. Then predict the limits of the mean of $K$ for $p = 0.3$ as
+#    $\tau \to 0$ and $\tau \to \infty$, and check them with `concrete_sample` at $\tau = 0.01$
+#    and $\tau = 100$.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# At $p = 1/2$ the logit is 0 and $K = \sigma(L/\tau)$. $L$ is symmetric about 0 and
+# $\sigma(-z) = 1 - \sigma(z)$, so $K$ and $1 - K$ have the same distribution and $E[K] = 1/2$. As
+# $\tau \to 0$, $K \to [\operatorname{logit} p + L > 0]$, a Bernoulli($p$) sample with mean $p$;
+# as $\tau \to \infty$, $K \to \sigma(0) = 1/2$.
+#
+# ```python
+# for p0 in (0.5, 0.3):
+#     p = torch.full((100_000,), p0)
+#     print(p0, [round(concrete_sample(p, t).mean().item(), 3) for t in (0.01, 100.0)])
+# ```
+# :::
+#
+# 2. **The floor at the paper's size.** Compute the floor of NAC eq. 2 at $\epsilon = 1$ for the
+#    $U = 320$ modules of NAC Table 4, and the density of the scale-free prior at that size. Up to
+#    which bandwidth is the prior reachable without truncation?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The floor is $\exp(-(1 + 1/319)) \approx 0.367$. The scale-free density falls like $U^{-\beta}$
+# (chapter 8) and is about 0.013 at $U = 320$, so
+# $\epsilon \le (1 + 1/319)/\ln(1/0.013) \approx 0.23$.
+#
+# ```python
+# off320 = ~torch.eye(320, dtype=torch.bool)
+# rho = graphon("scale_free", 320)[off320].mean().item()
+# print(floor(1.0, 320), rho, (1 + 1 / 319) / math.log(1 / rho))
+# ```
+# :::
+#
+# 3. **Truncation and the signature width.** At initialisation the truncation at $d > 0.9$ cut
+#    about two thirds of the pairs of 16-dimensional random signatures. Predict the fraction for
+#    $d_{sig} = 64$ from $\cos(s_i, s_j) \approx \mathcal N(0, 1/d_{sig})$, and measure it. What
+#    does it mean for a circuit of that width at its first training step?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A pair is cut when its cosine is below 0.1, that is $0.1\sqrt{d_{sig}}$ standard deviations
+# above the mean: $\Phi(0.4) \approx 0.66$ at $d_{sig} = 16$ and $\Phi(0.8) \approx 0.79$ at
+# $d_{sig} = 64$. About four links in five start closed, and without the straight-through option
+# they get no gradient to open.
+#
+# ```python
+# s64 = torch.randn(256, 64)
+# P64 = link_probabilities(s64, s64, 1.0, truncation=0.9)
+# print((P64[~torch.eye(256, dtype=torch.bool)] == 0).float().mean())
+# ```
+# :::
+#
+# 4. **A closed link, alone.** In the two-group example, $K_{ij} \approx 0$ blocked every message
+#    across the groups. With `key_mask`, leave every query a single sender, module 5 of group B,
+#    and predict $y_0$ (module 0 is in group A) before you compute it. What changes at
+#    $\epsilon = 0.01$?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# NAC eq. 3 normalises over a row's links: with one key left, $W_{0\leftarrow 5} = 1$ however
+# small $K_{05}$ is, so $y_0 = v_5$. A small kernel entry closes a link only relative to the other
+# open links. At $\epsilon = 0.01$, $P_{05} \approx e^{-190}$ underflows to an exact 0 in float32;
+# an exact zero is no link at all, and a query without links receives a zero message.
+#
+# ```python
+# seed_everything(2)  # the two groups of that section, drawn again
+# U = 8
+# group_b = torch.arange(U) >= 4
+# centre = torch.randn(8)
+# sig = torch.where(group_b[:, None], -centre, centre) + 0.3 * torch.randn(U, 8)
+# q, k, v = torch.randn(3, 1, U, 16).unbind(0)
+# only5 = torch.arange(U) == 5
+# for eps in (0.1, 0.01):
+#     attn = modnets.SKMDPA(num_heads=2, bandwidth=eps).eval()
+#     y = attn(q, k, v, sig, sig, key_mask=only5)
+#     print(eps, (y[0, 0] - v[0, 5]).abs().max().item(), y[0, 0].abs().max().item())
+# ```
+# :::

@@ -632,3 +632,93 @@ for w, (_, mean_P, task_losses) in runs.items():
 #
 # Chapter 9 puts SKMDPA, ModFFNs and the graph prior together into the **full circuit**: read-in,
 # propagator layers and read-out of a Neural Attentive Circuit.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The density of a planted partition.** Derive the density (the mean off-diagonal
+#    $P^{(0)}_{ij}$) of the default planted partition at $U = 64$: four blocks of 16 nodes,
+#    $p_\text{in} = 0.9$, $p_\text{out} = 0.02$. Check it with `graphon`; chapter 7 quoted 0.23.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Of the $64 \cdot 63 = 4{,}032$ ordered pairs $i \ne j$, $4 \cdot 16 \cdot 15 = 960$ lie within a
+# block, so the density is $(960 \cdot 0.9 + 3{,}072 \cdot 0.02)/4{,}032 \approx 0.2295$.
+#
+# ```python
+# P0 = graphon("planted_partition", 64)
+# off = ~torch.eye(64, dtype=torch.bool)
+# print(P0[off].mean().item(), (960 * 0.9 + 3072 * 0.02) / 4032)
+# ```
+# :::
+#
+# 2. **A prior with nothing to match.** Show from NAC eq. 6 that for the Erdős–Rényi prior the
+#    relabelling $\sigma$ does not matter and
+#    $\mathcal{L}_\text{graph} = \sum_{i \ne j} (P_{ij} - p)^2$. Check it against
+#    `GraphPriorRegularizer` on the $P$ of 16 random signatures. What does this prior ask of a
+#    circuit besides its density?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A constant matrix is the same under every relabelling, so every $\sigma$ gives the same loss.
+# The loss pulls every $P_{ij}$ towards $p$, not only their mean: it asks for a graph in which
+# every module is linked alike, with no hubs and no blocks.
+#
+# ```python
+# s16 = torch.randn(16, 8)
+# P16 = link_probabilities(s16, s16, bandwidth=0.5)
+# off16 = ~torch.eye(16, dtype=torch.bool)
+# er = GraphPriorRegularizer(graphon("erdos_renyi", 16))  # p = 0.1
+# print(er(P16).item(), ((P16 - 0.1)[off16] ** 2).sum().item())
+# ```
+# :::
+#
+# 3. **The exponent $\beta$.** From $P^{(0)}_{ij} \propto (i + 1)^{-\beta}(j + 1)^{-\beta}$ with
+#    the factor $U^\beta/16$, predict how a larger $\beta$ changes the density, the expected
+#    degree of the hub (node 0) and that of the last node. Check at $U = 320$ for $\beta = 0.25$,
+#    0.5 and 0.75.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A larger $\beta$ makes the weights $(i + 1)^{-\beta}$ fall faster, and $U^\beta$ raises the
+# level: the hub gains neighbours, the tail loses them, and the graph gets sparser overall. Its
+# degrees spread further apart (the degree exponent $1 + 1/\beta$ falls from 5 to 3 to 2.3). At
+# $\beta = 0.75$ the products of the largest hubs exceed 1 and are clipped.
+#
+# ```python
+# o320 = ~torch.eye(320, dtype=torch.bool)
+# for beta in (0.25, 0.5, 0.75):
+#     P0 = graphon("scale_free", 320, beta=beta)
+#     degree = (P0 * o320).sum(1)
+#     print(
+#         f"beta {beta}: density {P0[o320].mean():.4f}, hub {degree[0]:.1f}, "
+#         f"last node {degree[-1]:.2f}"
+#     )
+# ```
+# :::
+#
+# 4. **A bandwidth too wide for the prior.** Before running anything, bound
+#    $\mathcal{L}_\text{graph}$ from below for the 32-node ring of cliques when
+#    $P = \exp(-(1 - \cos)/\epsilon)$ with $\epsilon = 1$: first from the prior's zero entries
+#    alone, then with chapter 7's floor on the mean off-diagonal $P$. Then run
+#    `fit_signatures(graphon("ring_of_cliques", 32), 100, eps=1.0)` and compare its last loss
+#    with both bounds and with the $\epsilon = 0.25$ fit above.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Every $P_{ij} \ge e^{-2}$, and the prior has 640 off-diagonal zeros, so
+# $\mathcal{L}_\text{graph} \ge 640\, e^{-4} \approx 11.7$. Chapter 7's floor makes the mean
+# off-diagonal $P$ at least $e^{-32/31} \approx 0.356$; with the Cauchy–Schwarz inequality,
+# $\sum (P - P^{(0)})^2 \ge \big(\sum (P - P^{(0)})\big)^2 / n$ over the $n = 992$ pairs, which
+# gives about 60.
+#
+# ```python
+# import math
+#
+# ring32 = graphon("ring_of_cliques", 32)
+# off32 = ~torch.eye(32, dtype=torch.bool)
+# print((ring32[off32] == 0).sum().item() * math.exp(-4))
+# excess = off32.sum().item() * math.exp(-32 / 31) - ring32[off32].sum().item()
+# print(excess**2 / off32.sum().item())
+# ```
+# :::

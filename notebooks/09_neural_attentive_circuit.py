@@ -559,3 +559,105 @@ print(
 #
 # Next, chapter 10 trains a NAC and a Perceiver IO on Tiny-ImageNet and asks how many mediators
 # the NAC can lose at inference time.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The read-in without per-module keys.** With $k_{uj} = \mathrm{ModFC}(x_j; c_u)$ and
+#    $m_u = 1 + \alpha\,\mathrm{LN}(W_c c_u)$ (NAC eq. 1), show that
+#    $q_u \cdot k_{uj} = ((W_k^\top q_u) \odot m_u) \cdot x_j + q_u \cdot b_k$. Check it for one
+#    token and every processor module with the read-in's `key` ModFC. How large is the tensor the
+#    read-in then needs per head?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# $k_{uj} = W_k(x_j \odot m_u) + b_k$, and
+# $q^\top W_k (x \odot m) = ((W_k^\top q) \odot m) \cdot x$. The vector $(W_k^\top q_u) \odot m_u$
+# is computed once per module and dotted with the shared tokens: the read-in keeps `(B, U, N)`
+# weights instead of `(B, U, N, d)` keys, and values work the same way.
+#
+# ```python
+# r = model.read_in
+# codes = model.design().codes.detach()
+# with torch.no_grad():
+#     q = torch.randn(cfg.num_processors, cfg.dim)  # one query per module
+#     xj = torch.randn(cfg.input_dim)  # one token
+#     k = r.key(xj, codes)  # (U_p, d): the token's key in every module
+#     m = r.key.modulation(codes)  # (U_p, d_in)
+#     lhs = (q * k).sum(-1)
+#     rhs = ((q @ r.key.weight) * m) @ xj + q @ r.key.bias
+# print((lhs - rhs).abs().max())
+# ```
+# :::
+#
+# 2. **What a module costs.** Predict how many parameters one more processor module adds to the
+#    chapter's `cfg`, one more read-out module, and one more processor module when
+#    `initial_states="free"`. Check with `count_parameters`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A module is its signature ($d_{sig} = 8$) and its code ($d_{code} = 16$); its initial state
+# comes from the code through the shared MLP. So 24 parameters for a processor or read-out module,
+# and with free initial states the state itself ($d = 32$) as well: 56.
+#
+# ```python
+# def n_params(**changes):
+#     config = NACConfig(**{**vars(cfg), **changes})
+#     return count_parameters(NeuralAttentiveCircuit(config))
+#
+#
+# print(n_params(num_processors=17) - n_params(), n_params(num_readouts=5) - n_params())
+# free = n_params(num_processors=17, initial_states="free")
+# print(free - n_params(initial_states="free"))
+# ```
+# :::
+#
+# 3. **A hard graph at evaluation.** SKMDPA can evaluate with $K = [P > 1/2]$
+#    (`eval_kernel="threshold"`, chapter 7). Before you switch the trained `model` to it, count
+#    its processor pairs with $P_{ij} > 1/2$ and predict what the propagators can still do. Then
+#    measure the held-out accuracy with both kernels.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# With the hard graph a module hears only the modules linked to it above 1/2, and itself
+# ($P_{ii} = 1$). With few such pairs (the scale-free prior at $U_p = 16$ asks for none), the
+# propagators are left with little more than each module's own ModFFN. The read-out's links are
+# thresholded too, and a read-out module with no link left reads nothing.
+#
+# ```python
+# off = ~torch.eye(cfg.num_processors, dtype=torch.bool)
+# with torch.no_grad():
+#     print("pairs with P > 1/2:", (model.link_probabilities()[off] > 0.5).sum().item())
+# print("K = P:", accuracy(model))
+# for m in model.modules():
+#     if isinstance(m, modnets.SKMDPA):
+#         m.eval_kernel = "threshold"
+# print("K = [P > 1/2]:", accuracy(model))
+# for m in model.modules():  # back to the default
+#     if isinstance(m, modnets.SKMDPA):
+#         m.eval_kernel = "probs"
+# ```
+# :::
+#
+# 4. **Codes when $\alpha = 0$.** With $\alpha = 0$ every ModFC is an `nn.Linear` (NAC eq. 1), yet
+#    the codes of an untrained NAC with `alpha=0.0, learn_alpha=False` still change its output.
+#    Find where, by giving such a model new random codes and comparing outputs, once with the
+#    default `initial_states="codes"` and once with `"free"`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The initial states are an MLP of the codes (§2.2), so new codes give new states. With free
+# states nothing reads the codes any more: the modules differ only by their states and signatures.
+# Add a dense kernel and a single read-out module and this is the Perceiver IO of the chapter.
+#
+# ```python
+# for states in ("codes", "free"):
+#     changes = {"alpha": 0.0, "learn_alpha": False, "initial_states": states}
+#     flat = NeuralAttentiveCircuit(NACConfig(**{**vars(cfg), **changes})).eval()
+#     with torch.no_grad():
+#         before = flat(xt[:64])
+#         flat.generator.codes.normal_()
+#         flat.generator.out_codes.normal_()
+#         print(states, (flat(xt[:64]) - before).abs().max().item())
+# ```
+# :::

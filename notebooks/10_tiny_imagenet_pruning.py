@@ -541,3 +541,103 @@ print(
 #   spread -- without that, no order can be told from another (a diagnostic, not a gate).
 #
 # The next chapter, 11, turns to the third architecture of the book, Neural Function Modules.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **How far can dropping speed a NAC up?** Suppose dropping a fraction $f$ of the modules
+#    removed that fraction of every FLOP except the tokeniser's. Show that the FLOPs then fall at
+#    most by a factor $1/(t + (1 - t)(1 - f))$, with $t$ the tokeniser's share of the full NAC's
+#    FLOPs. Evaluate it at $f = 0.8$ with the numbers printed above and compare with the measured
+#    ratio. Can the Fig. 5b rule (more than 6x) hold at this profile?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The tokeniser's share $t$ stays, the rest shrinks to $(1 - f)(1 - t)$. At the `cpu` profile
+# $t \approx 0.22$, and both the bound and the measured ratio are about 2.6x. The read-out, whose
+# modules are never dropped, holds the measured ratio a little below the bound; the attention
+# among modules, which shrinks quadratically, pushes the other way. Throughput rarely rises faster
+# than the work falls, so 6x is out of reach here.
+#
+# ```python
+# speed = models[nac_name]["per_seed"][0]["speed"]
+# g0 = speed[0]["gflops"]
+# g80 = next(d for d in speed if abs(d["fraction"] - 0.8) < 1e-9)["gflops"]
+# t = tok_gflops / g0
+# bound = 1 / (t + 0.2 * (1 - t))
+# print(f"tokeniser share {t:.2f}: bound {bound:.2f}x, measured {g0 / g80:.2f}x")
+# ```
+# :::
+#
+# 2. **Edges that are already gone.** Count the off-diagonal $P_{ij}$ of a trained NAC that are
+#    exact zeros (the truncation at $d > 0.9$, chapter 7). Predict what `eliminate_edges(f)` does
+#    for every $f$ up to that fraction, and what this means for the Fig. 10 curve and its claim at
+#    90 %. Check with two evaluations.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# `eliminate_edges` removes the smallest $P_{ij}$ first, and exact zeros are the smallest. Up to
+# their fraction it masks links that carry nothing, so the logits do not change at all: the curve
+# is flat there by construction, and only the pairs between that fraction and 90 % test the claim.
+#
+# ```python
+# nac = nacs[config.seeds[0]]
+# with torch.no_grad():
+#     P = nac.link_probabilities()
+# off = ~torch.eye(len(P), dtype=torch.bool, device=P.device)
+# zero = (P[off] == 0).float().mean().item()
+# full = ti.evaluate(nac, data.x_val, data.y_val)["top1"]
+# cut = ti.evaluate(nac.eliminate_edges(zero), data.x_val, data.y_val)["top1"]
+# print(f"{zero:.0%} of the pairs are exact zeros; top-1 {full:.4f} and {cut:.4f}")
+# ```
+# :::
+#
+# 3. **Where the links sit.** A scale-free circuit concentrates its links on a few hubs. For each
+#    seed's trained NAC, compute the share of all mediator links held by the best-connected tenth
+#    of the modules, and compare it with the prior's share (about 0.24 at 64 modules) and with
+#    that of a freshly initialised NAC (about 0.12; equal degrees would give 0.1). What does your
+#    answer predict for the three drop orders of Fig. 5a?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A share near 0.1 means every module is about equally connected: the three orders should then
+# give close curves. The nearer the share comes to the prior's, the more "least connected first"
+# has to go by.
+#
+# ```python
+# def top_share(degree, frac=0.1):  # the share of all links held by the top frac
+#     k = max(1, round(frac * len(degree)))
+#     return (degree.sort(descending=True).values[:k].sum() / degree.sum()).item()
+#
+#
+# for seed, nac in nacs.items():
+#     with torch.no_grad():
+#         P = nac.mediator_links().cpu()
+#     P0 = nac.graph_prior.prior.cpu()
+#     learned, prior = P.sum(1) - P.diagonal(), P0.sum(1) - P0.diagonal()
+#     print(seed, top_share(learned), top_share(prior))
+# ```
+# :::
+#
+# 4. **How many seeds?** The claims use 95 % t-intervals over seeds. Show that the half-width is
+#    $t_{0.975,\,n-1}\, s/\sqrt{n}$ for $n$ seeds with standard deviation $s$, check it against
+#    `models[nac_name]["top1"]`, and find how many seeds halve the interval of three seeds at the
+#    same $s$.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The interval is the mean plus or minus $t_{0.975,\,n-1}$ standard errors $s/\sqrt{n}$.
+# $t_{0.975,\,2}/\sqrt{3} \approx 2.48$ and $t_{0.975,\,4}/\sqrt{5} \approx 1.24$: five seeds
+# halve it. The $t$ quantile falls fast from two degrees of freedom, so the first extra seeds buy
+# the most.
+#
+# ```python
+# from scipy import stats
+#
+# for n in (3, 5, 10):
+#     print(n, stats.t.ppf(0.975, n - 1) / n**0.5)
+# s = models[nac_name]["top1"]
+# half = stats.t.ppf(0.975, s["n"] - 1) * s["sd"] / s["n"] ** 0.5
+# print((s["ci"][1] - s["ci"][0]) / 2, half)
+# ```
+# :::

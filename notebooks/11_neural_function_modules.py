@@ -841,3 +841,93 @@ display(Markdown(verdict_sentences(results["claims"])))
 #
 # Next, chapter 12 turns to performance: where the time of these architectures goes and how to
 # make them fast.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **SAB against exact.** With $w_{(k+1)}$ the $(k+1)$-th largest softmax weight, SAB keeps
+#    $(w_i - w_{(k+1)}) / \sum_j (w_j - w_{(k+1)})$ for the $k$ largest, and `mode="exact"` keeps
+#    $w_i / \sum_j w_j$. Show that the two agree when $w_{(k+1)} = 0$, and that otherwise SAB
+#    gives the largest weight a larger share. Check with the scores $[3, 2, 1, 0]$ and
+#    $[3, 2, 1, -30]$ at $k = 3$.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Subtracting the same $t > 0$ from every survivor shrinks the small ones proportionally more: for
+# $w_1 > w_2 > t$, $(w_1 - t)/(w_2 - t) > w_1/w_2$. With a score of $-30$ the fourth weight is
+# about $e^{-33}$ times the largest, and the two modes agree to float precision.
+#
+# ```python
+# for row in ([3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 1.0, -30.0]):
+#     scores = torch.tensor(row)
+#     print(topk_softmax(scores, 3), topk_softmax(scores, 3, mode="exact"))
+# ```
+# :::
+#
+# 2. **Counting candidates.** The chapter's `with_nfm` reads after each of its four stages, whose
+#    states are 32, 16, 8 and 4 positions on a side for 64x64 images, in two passes. Predict the
+#    candidates per query position of each of its eight reads with `num_candidates`, then check
+#    them against `NFMOutput.candidates` (`return_details=True`). Which read scores the most
+#    (position, candidate) pairs?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A read sees every state written before it: in pass 1 the earlier stages, in pass 2 all of pass 1
+# and pass 2's earlier stages. A state of the query's size or smaller (upsampled) gives one
+# candidate per position, a larger one $(s'/s)^2$ (`num_candidates((32, 32), (8, 8))` is 16).
+# Expect `[0, 4, 20, 84, 4, 11, 42, 169]`. Multiplied by the number of positions, the count is
+# largest for pass 2's first read, which has the fewest candidates of pass 2:
+# $1{,}024 \times 4 = 4{,}096$ pairs.
+#
+# ```python
+# with torch.no_grad():
+#     _, details = with_nfm(images, return_details=True)
+# sides = [32, 16, 8, 4] * 2
+# print(details.candidates)
+# print([c * s * s for c, s in zip(details.candidates, sides, strict=True)])
+# ```
+# :::
+#
+# 3. **Who learns first.** At initialisation every $\gamma$ is 0. Predict which parameters of a
+#    fresh NFM(CNN) receive a non-zero gradient from one backward pass: the $\gamma$ of each read,
+#    the attention's projections, the stages of pass 1, the stages of pass 2. Check with a fresh
+#    `cnn.with_nfm(...)`.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# By NFM eq. 3, $\partial h_2 / \partial \gamma = h_1 \ne 0$, but every path through $W_q$, $W_k$,
+# $W_v$, $W_{o1}$ or $W_{o2}$ carries a factor $\gamma = 0$. Pass 1's states reach the output only
+# through the reads of pass 2, so at first pass 1 gets no gradient at all, neither its stages nor
+# its $\gamma$s: only pass 2's $\gamma$s and stages (and the stem and the head) do. Once pass 2's
+# $\gamma$s leave 0, the gradient reaches the rest.
+#
+# ```python
+# fresh = cnn.with_nfm(passes=2, top_k=5, num_heads=4, key_dim=16, value_dim=16)
+# fresh(images).sum().backward()
+# for k in range(2):
+#     reads = [fresh.nfm.attn(k, i).gamma.grad for i in range(4)]
+#     gammas = [None if g is None else round(g.item(), 4) for g in reads]
+#     stage = max(p.grad.abs().max().item() for p in fresh.nfm.blocks[k].parameters())
+#     print(f"pass {k + 1}: gamma grads {gammas}, largest stage grad {stage:.3g}")
+# ```
+# :::
+#
+# 4. **One argument or none.** Give an `NFMAttention` `top_k=1` and a memory of one random state
+#    of the query's size. Predict how often a head reads nothing (all its weight on the default
+#    slot), then measure it from the returned weights.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Each position has two candidates: the default slot, with score 0, and the state, with score
+# $q \cdot k / \sqrt{d_{head}}$. With $k = 1$ the larger wins, so a head reads the state only
+# where $q \cdot k > 0$: at about half of the positions for random states.
+#
+# ```python
+# reader1 = NFMAttention(dim=4, key_dim=8, value_dim=8, num_heads=2, top_k=1)
+# h1 = torch.randn(64, 4, 4, 4)
+# memory1 = [reader1.write(torch.randn(64, 4, 4, 4))]
+# with torch.no_grad():
+#     _, w1 = reader1(h1, memory1, return_weights=True)
+# print((w1[..., 0] == 1).float().mean())  # w1: (batch, heads, positions, 1 + 1)
+# ```
+# :::
