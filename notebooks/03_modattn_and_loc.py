@@ -33,6 +33,15 @@ if "google.colab" in sys.modules:
 # $C_{ui}$, so a function leaves untouched what it may not read. One attention plus one MLP is a
 # **line of code** (LOC), NI eqs. 6–10 {cite}`rahaman2021interpreters`.
 
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("function_streams")
+
+# %% [markdown]
+# Every function runs its own stream of the same tokens; the stream's code programs the attention's
+# projections, and the compatibilities decide what each stream may read and how much of it changes.
+
 # %%
 import math
 

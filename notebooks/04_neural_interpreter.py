@@ -41,6 +41,16 @@ if "google.colab" in sys.modules:
 # use the tricks the design allows: changing the number of iterations, adding and removing
 # functions after training.
 
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("neural_interpreter")
+
+# %% [markdown]
+# The top row is the whole model; the panel below opens one script. Orange parts decide routing
+# (types, signatures, compatibilities), blue parts compute (functions, each a stack of LOCs), green
+# parts are what a function is made of besides the shared weights: its code.
+
 # %%
 import time
 

@@ -47,6 +47,16 @@ if "google.colab" in sys.modules:
 # NAC code separates them (section *Module roles* below). The **circuit generator** produces the
 # design: free parameters (unconditional) or a function of the sample (conditional, App. G).
 
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("neural_attentive_circuit")
+
+# %% [markdown]
+# The generator (top) decides the circuit once: which modules talk, through the signatures' link
+# probabilities and a sparse kernel, kept near a graph prior while training. The executor (bottom)
+# runs that circuit on each input; every module is the same layers under its own code.
+
 # %%
 import time
 

@@ -50,6 +50,16 @@ if "google.colab" in sys.modules:
 # §4.2 (Table 5): a CNN with NFM generalises better than the plain CNN to images with *numbers of
 # digits it never saw in training*.
 
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("neural_function_modules")
+
+# %% [markdown]
+# Every block writes its output to a memory; every read attends to all that was written before it,
+# keeps the top k and adds the result through a gate that starts at zero. A second pass lets early
+# blocks read what late blocks wrote.
+
 # %%
 import math
 
