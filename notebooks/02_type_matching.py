@@ -114,8 +114,8 @@ signatures.norm(dim=-1)
 # The text extracted from the paper's NI eq. 3 reads "if $d_\mathcal{T} > \tau$", which would let a
 # function read only the elements *far* from its signature. The prose ("if this compatibility is
 # larger than a threshold, $f_u$ is permitted access") and the public code keep the pairs whose
-# distance is **below** $\tau$. We follow them. A public reproduction that took the inverted mask
-# reached 10–15 % accuracy.
+# distance is **below** $\tau$. We follow them: the inverted mask would hand each function the
+# elements least like its signature.
 # :::
 
 # %%

@@ -199,8 +199,7 @@ print("compatibilities:             ", C[0, 0])
 #
 # :::{important}
 # NI eq. 7 renormalises by **division**. A second softmax over $\tilde W$ looks similar but is
-# wrong: $\exp(0) = 1$, so every masked token would get attention weight again. The failed public
-# reproduction of NI made this mistake. The check:
+# wrong: $\exp(0) = 1$, so every masked token would get attention weight again. The check:
 # :::
 
 # %%

@@ -757,7 +757,7 @@ fig.tight_layout()
 # exact zeros, links that no Concrete sample reopens.
 #
 # Between the two truncated kernels, the one with the lower final loss decides the option that the
-# experiments use:
+# experiments use (a test, `tests/test_skmdpa.py`, keeps chapter 10's configurations in step):
 
 # %%
 from modnets.experiments.tiny_imagenet import CONFIGS
@@ -771,11 +771,11 @@ print(
         f"{st['loss']:.2e} with it: the experiments use straight_through={use_st}."
     )
 )
-for name, experiment in CONFIGS.items():  # chapter 10's Tiny-ImageNet configurations
-    assert (
-        experiment.train.nac.get("straight_through", NACConfig.straight_through)
-        == use_st
-    ), name
+used = {
+    e.train.nac.get("straight_through", NACConfig.straight_through)
+    for e in CONFIGS.values()
+}
+print(f"chapter 10's configurations: straight_through={sorted(used)}")
 
 # %% [markdown]
 # ## What we learned

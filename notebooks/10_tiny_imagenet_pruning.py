@@ -197,7 +197,7 @@ for name, r in models.items():
             "top-5 (paper)": p.get("top5", "-"),
         }
     )
-display(pd.DataFrame(rows).style.hide(axis="index"))
+display(pd.DataFrame(rows).style.hide(axis="index").format(precision=2))
 
 # %% [markdown]
 # ## Fig. 5a: dropping modules, in three orders
@@ -481,7 +481,7 @@ display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 #   only (`gpu` does).
 # * **Training details.** LayerScale (0.1), code noise and noisy initial states are the public
 #   code's settings for 400 epochs, kept at `cpu` because they were chosen before any number was
-#   seen. They cost the short run accuracy: in a separate measurement (2026-11-23, not part of this
+#   seen. They cost the short run accuracy: in a separate measurement (not part of this
 #   chapter's run) a NAC without them reached 45.6 ± 0.4 % top-1 over the same three seeds against
 #   42.5 ± 1.2 % with them, next to Perceiver IO's 46.5 ± 0.7 %. Switching them off on that basis
 #   would choose a setting on the validation images, which are this chapter's test set; a

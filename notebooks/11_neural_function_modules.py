@@ -793,9 +793,8 @@ display(Markdown(budget.table(budget.estimate(sm.NAME), markdown=True)))
 #
 # * **Scale.** The `cpu` profile trains the CNN for 15 epochs over 12,000 canvases (6,000 per
 #   training count) at a quarter of App. C's width (8 -> 128 channels), then both models for 2
-#   more epochs from it, three seeds, plus the max-pooled CNN for the dip diagnostic, in about
-#   21 minutes on two cores (cold, measured 2026-11-24); the paper
-#   trains 300 epochs at full width from scratch. Absolute accuracies are lower; the comparison
+#   more epochs from it, three seeds, plus the max-pooled CNN for the dip diagnostic (its cold
+#   time on two cores is in book/setup.md); the paper trains 300 epochs at full width from scratch. Absolute accuracies are lower; the comparison
 #   between the two models at equal budget is the point. The `gpu` profile uses App. C's sizes
 #   and trains both models from scratch.
 # * **NFM added to a trained CNN** at `cpu` (see *The training protocol*): NFM's reads get 2
