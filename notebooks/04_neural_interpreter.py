@@ -311,8 +311,8 @@ print(f"loss: first {window} steps {first:.3f} -> last {window} steps {last:.4f}
 assert last < 0.5 * first, "the loss did not fall"
 
 # %% [markdown]
-# The loss falls by orders of magnitude. On held-out inputs the fraction of variance explained
-# ($R^2$) per task:
+# The line above gives how far the loss fell at this profile (at `smoke` the run is too short to
+# say much). On held-out inputs, the fraction of variance explained ($R^2$) per task:
 
 # %%
 net.eval()
