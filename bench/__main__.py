@@ -134,9 +134,15 @@ def bench_graph_prior(cfg: BenchConfig, device) -> dict:
     )
     notes.append(f"eq. 9 heuristic at U={GRAPH_PRIOR_SIZES[0]}: median {old:.0f} ms")
     met = worst <= GRAPH_PRIOR_TARGET_MS and max(accuracy) <= 1.02 and invariance <= 1e-6
-    return _result(f"graph-prior regulariser, 1 thread (U={GRAPH_PRIOR_SIZES})", rows, worst,
-                   f"<= {GRAPH_PRIOR_TARGET_MS:.0f} ms at U={GRAPH_PRIOR_SIZES[0]}, accuracy <= 1.02, "
-                   "invariant to 1e-6", met, "; ".join(notes))  # fmt: skip
+    return _result(
+        f"graph-prior regulariser, 1 thread (U={GRAPH_PRIOR_SIZES})",
+        rows,
+        worst,
+        f"<= {GRAPH_PRIOR_TARGET_MS:.0f} ms at U={GRAPH_PRIOR_SIZES[0]}, accuracy <= 1.02, "
+        "invariant to 1e-6",
+        met,
+        "; ".join(notes),
+    )
 
 
 BENCHMARKS.setdefault("graph_prior", bench_graph_prior)
@@ -147,11 +153,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=None)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
-                        help="bfloat16: the timed calls under bf16 autocast")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="bfloat16: the timed calls under bf16 autocast",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the timed models")
-    parser.add_argument("--compare", action="store_true",
-                        help="print the ratios of every saved run at --profile side by side")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="print the ratios of every saved run at --profile side by side",
+    )
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
     if args.compare:

@@ -110,23 +110,77 @@ class BenchConfig:
     compile: bool = False
 
 
-TABLE4 = dict(dim=384, num_layers=8, num_processors=320, num_readouts=64, num_heads=6,
-              ffn_hidden=1536, sig_dim=64, code_dim=384)  # fmt: skip
-SMALL = dict(dim=32, num_layers=2, num_processors=16, num_readouts=4, num_heads=2,
-             ffn_hidden=64, sig_dim=8, code_dim=16)  # fmt: skip
-MID = dict(dim=192, num_layers=4, num_processors=160, num_readouts=16, num_heads=6,
-           ffn_hidden=768, sig_dim=32, code_dim=192)  # fmt: skip
+TABLE4 = dict(
+    dim=384,
+    num_layers=8,
+    num_processors=320,
+    num_readouts=64,
+    num_heads=6,
+    ffn_hidden=1536,
+    sig_dim=64,
+    code_dim=384,
+)
+SMALL = dict(
+    dim=32,
+    num_layers=2,
+    num_processors=16,
+    num_readouts=4,
+    num_heads=2,
+    ffn_hidden=64,
+    sig_dim=8,
+    code_dim=16,
+)
+MID = dict(
+    dim=192,
+    num_layers=4,
+    num_processors=160,
+    num_readouts=16,
+    num_heads=6,
+    ffn_hidden=768,
+    sig_dim=32,
+    code_dim=192,
+)
 
 CONFIGS = {
-    "smoke": BenchConfig(repeats=1, rounds=1, warmup=1, min_run_time=0.0, experiments="smoke",
-                         modattn_tokens=(9, 32), modattn_rows=576, spin_counts=("300000",), batch=2,
-                         ni_functions=(1, 2, 4), ni_dim=16, ni_tokens=9, nac=SMALL, readin_units=16, readin_tokens=8, readin_dim=16,
-                         readin_batch=2, tokens=(16, 32, 64), scaling_dim=16, drop_batch=2,
-                         matmul_size=128, many_modules=64, many_batch=2),
+    "smoke": BenchConfig(
+        repeats=1,
+        rounds=1,
+        warmup=1,
+        min_run_time=0.0,
+        experiments="smoke",
+        modattn_tokens=(9, 32),
+        modattn_rows=576,
+        spin_counts=("300000",),
+        batch=2,
+        ni_functions=(1, 2, 4),
+        ni_dim=16,
+        ni_tokens=9,
+        nac=SMALL,
+        readin_units=16,
+        readin_tokens=8,
+        readin_dim=16,
+        readin_batch=2,
+        tokens=(16, 32, 64),
+        scaling_dim=16,
+        drop_batch=2,
+        matmul_size=128,
+        many_modules=64,
+        many_batch=2,
+    ),
     "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096)),
-    "gpu": BenchConfig(repeats=10, warmup=3, min_run_time=0.5, experiments="gpu", batch=64,
-                       nac=TABLE4, readin_batch=64, drop_batch=64, matmul_size=8192, many_batch=8),
-}  # fmt: skip
+    "gpu": BenchConfig(
+        repeats=10,
+        warmup=3,
+        min_run_time=0.5,
+        experiments="gpu",
+        batch=64,
+        nac=TABLE4,
+        readin_batch=64,
+        drop_batch=64,
+        matmul_size=8192,
+        many_batch=8,
+    ),
+}
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -194,8 +248,9 @@ def _or_nan(cfg: BenchConfig, measure: Callable[[], float], row: dict) -> float:
         return math.nan
 
 
-def _times(cfg: BenchConfig, calls: dict[str, Callable[[], object]], device,
-           row: dict | None = None) -> dict[str, float]:  # fmt: skip
+def _times(
+    cfg: BenchConfig, calls: dict[str, Callable[[], object]], device, row: dict | None = None
+) -> dict[str, float]:
     """The time of each call for a ratio: ``cfg.rounds`` rounds, each timing every call in turn
     (:func:`_time`), and each call's fastest round. On a shared machine a burst of load then
     slows one round of every side instead of one side: on two cores the same ModLin-vs-Linear
@@ -216,8 +271,9 @@ def _count_flops(fn: Callable[[], object]) -> int:
     return counter.get_total_flops()
 
 
-def _result(name: str, rows: list[dict], ratio: float | None, target: str, met: bool | None,
-            note: str = "") -> dict:  # fmt: skip
+def _result(
+    name: str, rows: list[dict], ratio: float | None, target: str, met: bool | None, note: str = ""
+) -> dict:
     return {"name": name, "rows": rows, "ratio": ratio, "target": target, "met": met, "note": note}
 
 
@@ -230,15 +286,18 @@ def _modulated_shapes(cfg: BenchConfig) -> list[tuple[str, str, tuple, tuple, in
     from modnets.experiments import tiny_imagenet
 
     B, d = cfg.batch, cfg.ni_dim
-    shapes = [("NI streams (generic)", "ModLin", (B, 5, cfg.ni_tokens, d), (5, 1, d), d, d),
-              ("NAC modules (generic)", "ModFC", (B, 64, d), (64, d), d, d),
-              ("NAC wide (generic)", "ModFC", (B, 64, 4 * d), (64, 4 * d), 4 * d, 4 * d)]  # fmt: skip
+    shapes = [
+        ("NI streams (generic)", "ModLin", (B, 5, cfg.ni_tokens, d), (5, 1, d), d, d),
+        ("NAC modules (generic)", "ModFC", (B, 64, d), (64, d), d, d),
+        ("NAC wide (generic)", "ModFC", (B, 64, 4 * d), (64, 4 * d), 4 * d, 4 * d),
+    ]
     for name, (c, batch, _) in _experiment_ni(cfg).items():
         x, code = (batch, c.num_functions, _tokens(c)), (c.num_functions, 1, c.code_dim)
         shapes.append((f"NI {name}: attention", "ModLin", (*x, c.dim), code, c.dim, c.code_dim))
         if c.mlp_hidden != c.dim:
-            shapes.append((f"NI {name}: MLP in", "ModLin", (*x, c.dim), code, c.mlp_hidden,
-                           c.code_dim))  # fmt: skip
+            shapes.append(
+                (f"NI {name}: MLP in", "ModLin", (*x, c.dim), code, c.mlp_hidden, c.code_dim)
+            )
     t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
     n = t.nac_config("scale_free")
     lead = (t.nac_train.batch_size, n.num_processors)
@@ -246,8 +305,9 @@ def _modulated_shapes(cfg: BenchConfig) -> list[tuple[str, str, tuple, tuple, in
     shapes.append(
         ("NAC Tiny-ImageNet: attention", "ModFC", (*lead, n.dim), code, n.dim, n.code_dim)
     )
-    shapes.append(("NAC Tiny-ImageNet: FFN in", "ModFC", (*lead, n.dim), code, n.ffn_hidden,
-                   n.code_dim))  # fmt: skip
+    shapes.append(
+        ("NAC Tiny-ImageNet: FFN in", "ModFC", (*lead, n.dim), code, n.ffn_hidden, n.code_dim)
+    )
     return shapes
 
 
@@ -262,13 +322,27 @@ def bench_modulated(cfg: BenchConfig, device) -> dict:
         layer = (ModLin if kind == "ModLin" else ModFC)(d, d_out, d_code).to(device)
         layer, linear = _compiled(cfg, layer, nn.Linear(d, d_out).to(device))
         calls = {"nn.Linear": lambda: linear(x), kind: lambda: layer(x, codes)}
-        times = _times(cfg, {name: lambda call=call: call().float().square().mean().backward()
-                             for name, call in calls.items()}, device)  # fmt: skip
+        times = _times(
+            cfg,
+            {
+                name: lambda call=call: call().float().square().mean().backward()
+                for name, call in calls.items()
+            },
+            device,
+        )
         ratio = times[kind] / times["nn.Linear"]
         worst = max(worst, ratio)
-        rows.append({"shape": label, "layer": kind, "x": "x".join(map(str, shape)),
-                     "d_out": d_out, "linear_ms": 1e3 * times["nn.Linear"],
-                     "modulated_ms": 1e3 * times[kind], "vs_linear": ratio})  # fmt: skip
+        rows.append(
+            {
+                "shape": label,
+                "layer": kind,
+                "x": "x".join(map(str, shape)),
+                "d_out": d_out,
+                "linear_ms": 1e3 * times["nn.Linear"],
+                "modulated_ms": 1e3 * times[kind],
+                "vs_linear": ratio,
+            }
+        )
     return _result("ModLin/ModFC vs nn.Linear (fwd+bwd)", rows, worst, "<= 1.3x", worst <= 1.3)
 
 
@@ -295,16 +369,32 @@ def bench_ni_vectorised(cfg: BenchConfig, device) -> dict:
         x = torch.randn(B, U, T, d, device=device, requires_grad=True)
         codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
         fns = _compiled(cfg, loc, partial(_loc_loop, loc))
-        times = _times(cfg, {name: lambda f=f: f(x, codes, compat).float().square().mean()
-                             .backward() for name, f in zip(("vectorised", "loop"), fns,
-                                                            strict=True)}, device)  # fmt: skip
-        rows.append({"functions": U, "vectorised_ms": 1e3 * times["vectorised"],
-                     "loop_ms": 1e3 * times["loop"],
-                     "speedup": times["loop"] / times["vectorised"]})  # fmt: skip
+        times = _times(
+            cfg,
+            {
+                name: lambda f=f: f(x, codes, compat).float().square().mean().backward()
+                for name, f in zip(("vectorised", "loop"), fns, strict=True)
+            },
+            device,
+        )
+        rows.append(
+            {
+                "functions": U,
+                "vectorised_ms": 1e3 * times["vectorised"],
+                "loop_ms": 1e3 * times["loop"],
+                "speedup": times["loop"] / times["vectorised"],
+            }
+        )
     slope = fit_exponent([r["functions"] for r in rows], [r["vectorised_ms"] for r in rows])
     worst = min(r["speedup"] for r in rows)
-    return _result("NI: vectorised function streams vs loop (fwd+bwd)", rows, worst,
-                   ">= 1.0x at every U", worst >= 1.0, f"time ~ U^{slope:.2f} (fitted)")  # fmt: skip
+    return _result(
+        "NI: vectorised function streams vs loop (fwd+bwd)",
+        rows,
+        worst,
+        ">= 1.0x at every U",
+        worst >= 1.0,
+        f"time ~ U^{slope:.2f} (fitted)",
+    )
 
 
 def _experiment_ni(cfg: BenchConfig) -> dict[str, tuple[NIConfig, int, Callable]]:
@@ -322,8 +412,10 @@ def _experiment_ni(cfg: BenchConfig) -> dict[str, tuple[NIConfig, int, Callable]
     def vector(b: int, dev, c: NIConfig = f_cfg) -> Tensor:
         return torch.randn(b, c.num_elements, c.element_features, device=dev)
 
-    return {"digits": (d_cfg, d.ni_train.batch_size, image),
-            "fuzzy": (f_cfg, f.pretrain.batch_size, vector)}  # fmt: skip
+    return {
+        "digits": (d_cfg, d.ni_train.batch_size, image),
+        "fuzzy": (f_cfg, f.pretrain.batch_size, vector),
+    }
 
 
 def _tokens(c: NIConfig) -> int:
@@ -357,25 +449,45 @@ def bench_modattn_tokens(cfg: BenchConfig, device) -> dict:
             codes, compat = torch.randn(U, d, device=device), torch.rand(B, U, T, device=device)
             bias = torch.randn(U, H, T, T, device=device, requires_grad=True) if learned else None
             sides = dict(zip((False, True), _compiled(cfg, reference, fused), strict=True))
-            times = _times(cfg, {side: lambda f=f: f(x, codes, compat, bias).float().square()
-                                 .mean().backward() for side, f in sides.items()}, device)  # fmt: skip
-            rows.append({"bias": "learned" if learned else "none", "tokens": T, "batch": B,
-                         "reference_ms": 1e3 * times[False], "fused_ms": 1e3 * times[True],
-                         "speedup": times[False] / times[True]})  # fmt: skip
+            times = _times(
+                cfg,
+                {
+                    side: lambda f=f: f(x, codes, compat, bias).float().square().mean().backward()
+                    for side, f in sides.items()
+                },
+                device,
+            )
+            rows.append(
+                {
+                    "bias": "learned" if learned else "none",
+                    "tokens": T,
+                    "batch": B,
+                    "reference_ms": 1e3 * times[False],
+                    "fused_ms": 1e3 * times[True],
+                    "speedup": times[False] / times[True],
+                }
+            )
     auto = 1 if device.type == "cuda" else FUSED_MIN_TOKENS
     for r in rows:  # what fused=None costs against the faster of the two
         chosen = r["fused_ms"] if r["tokens"] >= auto else r["reference_ms"]
         r["auto_vs_best"] = chosen / min(r["fused_ms"], r["reference_ms"])
-    wins = {b: [r["tokens"] for r in rows if r["bias"] == b and r["speedup"] >= 1.0]
-            for b in ("none", "learned")}  # fmt: skip
+    wins = {
+        b: [r["tokens"] for r in rows if r["bias"] == b and r["speedup"] >= 1.0]
+        for b in ("none", "learned")
+    }
     worst = max(r["auto_vs_best"] for r in rows)
     note = "fused faster from T = " + ", ".join(
         f"{min(w) if w else '-'} ({'no bias' if b == 'none' else 'a learned bias'})"
         for b, w in wins.items()
     )
-    return _result("ModAttn fused vs NI eq. 7 reference (fwd+bwd)", rows, worst,
-                   f"fused=None (fused from {auto} tokens) within 1.1x of the faster path",
-                   worst <= 1.1, note + " here")  # fmt: skip
+    return _result(
+        "ModAttn fused vs NI eq. 7 reference (fwd+bwd)",
+        rows,
+        worst,
+        f"fused=None (fused from {auto} tokens) within 1.1x of the faster path",
+        worst <= 1.1,
+        note + " here",
+    )
 
 
 def _without_mixing(attn: ModAttn) -> Callable:
@@ -449,9 +561,15 @@ def bench_ni_fused(cfg: BenchConfig, device) -> dict:
         if "ceiling" in sides:
             steps["arithmetic"] = _mixing_arithmetic(c, batch, device)
         times = _times(cfg, steps, device, error)
-        row = {"config": name, "tokens": _tokens(c), "batch": batch,
-               "reference_ms": 1e3 * times["reference"], "fused_ms": 1e3 * times["fused"],
-               "speedup": times["reference"] / times["fused"], **error}  # fmt: skip
+        row = {
+            "config": name,
+            "tokens": _tokens(c),
+            "batch": batch,
+            "reference_ms": 1e3 * times["reference"],
+            "fused_ms": 1e3 * times["fused"],
+            "speedup": times["reference"] / times["fused"],
+            **error,
+        }
         if "ceiling" in times:
             floor = times["ceiling"]  # the step without the mixing
             row["ceiling"] = times["reference"] / floor
@@ -470,8 +588,14 @@ def bench_ni_fused(cfg: BenchConfig, device) -> dict:
         f"{first['mixing_arithmetic_ms']:.1f} ms, and 1.3x would leave it "
         f"{first['mixing_budget_ms']:.1f} ms"
     )
-    return _result("NI training step: fused ModAttn vs NI eq. 7 reference", rows, ratio,
-                   ">= 1.3x at the digits configuration", ratio >= 1.3, note)  # fmt: skip
+    return _result(
+        "NI training step: fused ModAttn vs NI eq. 7 reference",
+        rows,
+        ratio,
+        ">= 1.3x at the digits configuration",
+        ratio >= 1.3,
+        note,
+    )
 
 
 def bench_ni_memory(cfg: BenchConfig, device) -> dict:
@@ -489,8 +613,12 @@ def bench_ni_memory(cfg: BenchConfig, device) -> dict:
         set_fused(model, fused)
         with _autocast(cfg, device):
             saved = saved_bytes(lambda: model(x), exclude=[x, *params])
-        row = {"path": "fused" if fused else "NI eq. 7 reference", "tokens": _tokens(c),
-               "batch": batch, "saved_MiB": saved / 2**20}  # fmt: skip
+        row = {
+            "path": "fused" if fused else "NI eq. 7 reference",
+            "tokens": _tokens(c),
+            "batch": batch,
+            "saved_MiB": saved / 2**20,
+        }
         if device.type == "cuda":
             step = _train_step(_compiled(cfg, model), x)
 
@@ -508,9 +636,14 @@ def bench_ni_memory(cfg: BenchConfig, device) -> dict:
         rows.append(row)
     key = "peak_MiB" if device.type == "cuda" else "saved_MiB"
     ratio = rows[0][key] / rows[1][key]
-    return _result(f"NI training memory at the digits configuration ({key})", rows, ratio,
-                   "fused keeps less than NI eq. 7", ratio > 1.0,
-                   f"activations kept: {rows[0]['saved_MiB']:.0f} -> {rows[1]['saved_MiB']:.0f} MiB")  # fmt: skip
+    return _result(
+        f"NI training memory at the digits configuration ({key})",
+        rows,
+        ratio,
+        "fused keeps less than NI eq. 7",
+        ratio > 1.0,
+        f"activations kept: {rows[0]['saved_MiB']:.0f} -> {rows[1]['saved_MiB']:.0f} MiB",
+    )
 
 
 class _PreLNTransformer(nn.Module):
@@ -519,8 +652,15 @@ class _PreLNTransformer(nn.Module):
 
     def __init__(self, c: NIConfig, layers: int):
         super().__init__()
-        layer = nn.TransformerEncoderLayer(c.dim, c.num_heads, c.mlp_hidden, dropout=0.0,
-                                           activation="gelu", batch_first=True, norm_first=True)  # fmt: skip
+        layer = nn.TransformerEncoderLayer(
+            c.dim,
+            c.num_heads,
+            c.mlp_hidden,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -539,12 +679,23 @@ def bench_ni_vs_transformer(cfg: BenchConfig, device) -> dict:
         tf = _PreLNTransformer(c, layers).to(device)
         streams = torch.randn(batch * c.num_functions, _tokens(c), c.dim, device=device)
         ni, tf = _compiled(cfg, ni, tf)
-        times = _times(cfg, {"ni": _train_step(ni, make_input(batch, device)),
-                             "tf": _train_step(tf, streams)}, device)  # fmt: skip
+        times = _times(
+            cfg,
+            {"ni": _train_step(ni, make_input(batch, device)), "tf": _train_step(tf, streams)},
+            device,
+        )
         t_ni, t_tf = times["ni"], times["tf"]
-        rows.append({"config": name, "batch_x_functions": batch * c.num_functions,
-                     "tokens": _tokens(c), "layers": layers, "ni_ms": 1e3 * t_ni,
-                     "transformer_ms": 1e3 * t_tf, "ratio": t_ni / t_tf})  # fmt: skip
+        rows.append(
+            {
+                "config": name,
+                "batch_x_functions": batch * c.num_functions,
+                "tokens": _tokens(c),
+                "layers": layers,
+                "ni_ms": 1e3 * t_ni,
+                "transformer_ms": 1e3 * t_tf,
+                "ratio": t_ni / t_tf,
+            }
+        )
     worst = max(r["ratio"] for r in rows)
     return _result(
         "NI vs its equivalent transformer (training step)", rows, worst, "<= 1.25x", worst <= 1.25
@@ -600,15 +751,24 @@ def bench_thread_policy(cfg: BenchConfig, device) -> dict:
     ``cfg.spin_counts`` and the policy's ``GOMP_SPINCOUNT``, each in a fresh process. Target: with
     the policy and 2 threads, a busy neighbour slows a step at most 2.5x."""
     if device.type != "cpu" or (os.cpu_count() or 1) < 2:
-        return _result("CPU thread policy", [], None, "<= 2.5x slower with one core busy", None,
-                       "needs a CPU with two cores or more")  # fmt: skip
+        return _result(
+            "CPU thread policy",
+            [],
+            None,
+            "<= 2.5x slower with one core busy",
+            None,
+            "needs a CPU with two cores or more",
+        )
     rows = []
     for spin in dict.fromkeys((*cfg.spin_counts, GOMP_SPINCOUNT)):
         env = {**os.environ, "GOMP_SPINCOUNT": spin}
-        code = ("import json, sys; from modnets.benchmarks import _thread_child; "
-                f"print(json.dumps(_thread_child({cfg.experiments!r}, {cfg.min_run_time!r})))")  # fmt: skip
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True).stdout  # fmt: skip
+        code = (
+            "import json, sys; from modnets.benchmarks import _thread_child; "
+            f"print(json.dumps(_thread_child({cfg.experiments!r}, {cfg.min_run_time!r})))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
         for row in json.loads(out.strip().splitlines()[-1]):
             row = {"spin": spin, **row}
             row["best_quiet_threads"] = 1 if row["quiet_1t_ms"] < row["quiet_2t_ms"] else 2
@@ -618,18 +778,26 @@ def bench_thread_policy(cfg: BenchConfig, device) -> dict:
     default = [r for r in rows if r["spin"] == "300000"] or policy
     worst = max(r["busy_slowdown_2t"] for r in policy)
     cost = max(r["quiet_2t_ms"] / d["quiet_2t_ms"] for r, d in zip(policy, default, strict=True))
-    return _result("CPU thread policy: a busy neighbour (2 threads)", rows, worst,
-                   "<= 2.5x slower with one core busy", worst <= 2.5,
-                   f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}: quiet steps at most {cost:.2f}x the default "
-                   "spinning's")  # fmt: skip
+    return _result(
+        "CPU thread policy: a busy neighbour (2 threads)",
+        rows,
+        worst,
+        "<= 2.5x slower with one core busy",
+        worst <= 2.5,
+        f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}: quiet steps at most {cost:.2f}x the default spinning's",
+    )
 
 
 # ----------------------------------------------------------------------------- 3. NAC vs PIO
 
 
 def _nac_config(cfg: BenchConfig, **kw) -> NACConfig:
-    base = dict(input_dim=cfg.readin_dim if cfg.nac is TABLE4 else 64, num_outputs=200,
-                prior=None, **(cfg.nac or MID))  # fmt: skip
+    base = dict(
+        input_dim=cfg.readin_dim if cfg.nac is TABLE4 else 64,
+        num_outputs=200,
+        prior=None,
+        **(cfg.nac or MID),
+    )
     base.update(kw)
     return NACConfig(**base)
 
@@ -640,15 +808,28 @@ def bench_nac_vs_pio(cfg: BenchConfig, device) -> dict:
     c = _nac_config(cfg)
     x = torch.randn(cfg.batch, 64, c.input_dim, device=device)
     nac, pio = NeuralAttentiveCircuit(c).to(device), PerceiverIO(c).to(device)
-    times = _times(cfg, {"nac": _train_step(_compiled(cfg, nac), x),
-                         "pio": _train_step(_compiled(cfg, pio), x)}, device)  # fmt: skip
+    times = _times(
+        cfg,
+        {"nac": _train_step(_compiled(cfg, nac), x), "pio": _train_step(_compiled(cfg, pio), x)},
+        device,
+    )
     t_nac, t_pio = times["nac"], times["pio"]
-    rows = [{"model": "NAC", "ms": 1e3 * t_nac, "parameters": sum(p.numel() for p in nac.parameters())},
-            {"model": "Perceiver IO", "ms": 1e3 * t_pio,
-             "parameters": sum(p.numel() for p in pio.parameters())}]  # fmt: skip
+    rows = [
+        {"model": "NAC", "ms": 1e3 * t_nac, "parameters": sum(p.numel() for p in nac.parameters())},
+        {
+            "model": "Perceiver IO",
+            "ms": 1e3 * t_pio,
+            "parameters": sum(p.numel() for p in pio.parameters()),
+        },
+    ]
     ratio = t_nac / t_pio
-    return _result(f"NAC vs Perceiver IO (U={c.num_processors}, d={c.dim}, L={c.num_layers})",
-                   rows, ratio, "<= 1.5x", ratio <= 1.5)  # fmt: skip
+    return _result(
+        f"NAC vs Perceiver IO (U={c.num_processors}, d={c.dim}, L={c.num_layers})",
+        rows,
+        ratio,
+        "<= 1.5x",
+        ratio <= 1.5,
+    )
 
 
 def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
@@ -663,13 +844,19 @@ def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
     naive = lambda: r.naive_attend(x, q, codes).square().mean()  # noqa: E731
     rows = []
     for name, fn in (("factorised", fact), ("naive", naive)):
-        t = median_time(lambda fn=fn: fn().backward(), max(1, cfg.repeats // 2), 1, device,
-                        cfg.min_run_time)  # fmt: skip
+        t = median_time(
+            lambda fn=fn: fn().backward(), max(1, cfg.repeats // 2), 1, device, cfg.min_run_time
+        )
         rows.append({"read-in": name, "ms": 1e3 * t, "saved_MiB": saved_bytes(fn) / 2**20})
     ratio = rows[1]["saved_MiB"] / rows[0]["saved_MiB"]
-    return _result(f"read-in attention memory (U={U}, N={N}, d={d}, batch {B})", rows, ratio,
-                   ">= 10x less memory", ratio >= 10,
-                   f"naive/factorised time {rows[1]['ms'] / rows[0]['ms']:.2f}x")  # fmt: skip
+    return _result(
+        f"read-in attention memory (U={U}, N={N}, d={d}, batch {B})",
+        rows,
+        ratio,
+        ">= 10x less memory",
+        ratio >= 10,
+        f"naive/factorised time {rows[1]['ms'] / rows[0]['ms']:.2f}x",
+    )
 
 
 # ----------------------------------------------------------------------------- 4. token scaling
@@ -677,12 +864,30 @@ def bench_read_in_memory(cfg: BenchConfig, device) -> dict:
 
 def _scaling_models(cfg: BenchConfig, n_tokens: int, device):
     d = cfg.scaling_dim
-    nac_kw = dict(input_dim=8, num_outputs=10, dim=d, num_layers=2, num_processors=64,
-                  num_readouts=4, num_heads=4, ffn_hidden=2 * d, sig_dim=16, code_dim=d,
-                  prior=None)  # fmt: skip
-    ni_cfg = NIConfig(dim=d, type_dim=16, num_functions=4, num_iterations=2, num_heads=4,
-                      input_kind="vector", num_elements=n_tokens, element_features=8,
-                      num_outputs=10)  # fmt: skip
+    nac_kw = dict(
+        input_dim=8,
+        num_outputs=10,
+        dim=d,
+        num_layers=2,
+        num_processors=64,
+        num_readouts=4,
+        num_heads=4,
+        ffn_hidden=2 * d,
+        sig_dim=16,
+        code_dim=d,
+        prior=None,
+    )
+    ni_cfg = NIConfig(
+        dim=d,
+        type_dim=16,
+        num_functions=4,
+        num_iterations=2,
+        num_heads=4,
+        input_kind="vector",
+        num_elements=n_tokens,
+        element_features=8,
+        num_outputs=10,
+    )
     return {
         "NAC": NeuralAttentiveCircuit(NACConfig(**nac_kw)).to(device),
         "Perceiver IO": PerceiverIO(NACConfig(**nac_kw)).to(device),
@@ -715,16 +920,25 @@ def bench_token_scaling(cfg: BenchConfig, device) -> dict:
                 times.setdefault(name, {})[n] = _adaptive_time(
                     lambda m=model: m(x), cfg.repeats, device, cfg.min_run_time
                 )
-    rows = [{"tokens": n, **{f"{k}_ms": 1e3 * v[n] for k, v in times.items() if n in v}}
-            for n in linear_tokens]  # fmt: skip
+    rows = [
+        {"tokens": n, **{f"{k}_ms": 1e3 * v[n] for k, v in times.items() if n in v}}
+        for n in linear_tokens
+    ]
     # exponents from the two largest sizes of each model, where the leading term dominates
     exps = {k: fit_exponent(list(v)[-2:], list(v.values())[-2:]) for k, v in times.items()}
-    ok = (exps["NAC"] < 1.3 and exps["Perceiver IO"] < 1.3 and exps["NI"] > 1.5
-          and exps["ViT"] > 1.5)  # fmt: skip
+    ok = exps["NAC"] < 1.3 and exps["Perceiver IO"] < 1.3 and exps["NI"] > 1.5 and exps["ViT"] > 1.5
     note = ", ".join(f"{k} ~ N^{e:.2f}" for k, e in exps.items())
-    return {**_result("scaling with input tokens N", rows, exps["NAC"],
-                      "NAC / PIO near N^1, NI / ViT near N^2", ok, note),
-            "exponents": exps}  # fmt: skip
+    return {
+        **_result(
+            "scaling with input tokens N",
+            rows,
+            exps["NAC"],
+            "NAC / PIO near N^1, NI / ViT near N^2",
+            ok,
+            note,
+        ),
+        "exponents": exps,
+    }
 
 
 # ----------------------------------------------------------------------------- 5. dropping
@@ -741,14 +955,24 @@ def bench_dropping(cfg: BenchConfig, device) -> dict:
         small = model.drop_modules(min(c.num_processors - 1, round(f * c.num_processors)))
         with torch.inference_mode():
             t = median_time(lambda small=small: small(x), cfg.repeats, 1, device, cfg.min_run_time)
-        rows.append({"dropped": f, "modules": small.config.num_processors,
-                     "samples_per_s": cfg.drop_batch / t})  # fmt: skip
+        rows.append(
+            {
+                "dropped": f,
+                "modules": small.config.num_processors,
+                "samples_per_s": cfg.drop_batch / t,
+            }
+        )
     base = rows[0]["samples_per_s"]
     for r in rows:
         r["speedup"] = r["samples_per_s"] / base
     at80 = next((r["speedup"] for r in rows if abs(r["dropped"] - 0.8) < 1e-9), None)
-    return _result(f"dropping modules (U_p={c.num_processors}, batch {cfg.drop_batch})", rows,
-                   at80, ">= 4x at 80 % dropped", None if at80 is None else at80 >= 4)  # fmt: skip
+    return _result(
+        f"dropping modules (U_p={c.num_processors}, batch {cfg.drop_batch})",
+        rows,
+        at80,
+        ">= 4x at 80 % dropped",
+        None if at80 is None else at80 >= 4,
+    )
 
 
 # ----------------------------------------------------------------------------- 6. FLOP utilisation
@@ -764,8 +988,16 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
     c = _nac_config(cfg)
     nac = NeuralAttentiveCircuit(c).to(device)
     x_nac = torch.randn(cfg.batch, 64, c.input_dim, device=device)
-    ni_cfg = NIConfig(dim=cfg.ni_dim, type_dim=16, num_functions=5, num_iterations=4,
-                      num_heads=4, image_size=32, patch_size=4, num_outputs=10)  # fmt: skip
+    ni_cfg = NIConfig(
+        dim=cfg.ni_dim,
+        type_dim=16,
+        num_functions=5,
+        num_iterations=4,
+        num_heads=4,
+        image_size=32,
+        patch_size=4,
+        num_outputs=10,
+    )
     ni = NeuralInterpreter(ni_cfg).to(device)
     x_ni = torch.randn(cfg.batch, 3, 32, 32, device=device)
     rows = [{"what": f"torch.matmul {n}x{n}", "gflop_per_s": peak, "utilisation": 1.0}]
@@ -774,8 +1006,9 @@ def bench_flop_utilisation(cfg: BenchConfig, device) -> dict:
         flops = _count_flops(_train_step(model, x))
         t = _time(cfg, _train_step(_compiled(cfg, model), x), device)
         rate = flops / t / 1e9
-        rows.append({"what": name, "gflop_per_s": rate, "utilisation": rate / peak,
-                     "gflop": flops / 1e9})  # fmt: skip
+        rows.append(
+            {"what": name, "gflop_per_s": rate, "utilisation": rate / peak, "gflop": flops / 1e9}
+        )
         worst = min(worst, rate / peak)
     return _result("FLOP utilisation vs torch.matmul", rows, worst, ">= 50 %", worst >= 0.5)
 
@@ -794,8 +1027,13 @@ def bench_many_modules(cfg: BenchConfig, device) -> dict:
     t = median_time(step, max(1, cfg.repeats // 2), 1, device, min_run_time=0.0)
     act = saved_bytes(lambda: model(x))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    row = {"modules": cfg.many_modules, "batch": cfg.many_batch, "fwd_bwd_s": t,
-           "activation_MiB": act / 2**20, "parameter_MiB": params / 2**20}  # fmt: skip
+    row = {
+        "modules": cfg.many_modules,
+        "batch": cfg.many_batch,
+        "fwd_bwd_s": t,
+        "activation_MiB": act / 2**20,
+        "parameter_MiB": params / 2**20,
+    }
     if device.type == "cuda":
         row["peak_cuda_MiB"] = torch.cuda.max_memory_allocated() / 2**20
     return _result(f"{cfg.many_modules}-module NAC (d={c.dim})", [row], t, "runs", True)
@@ -996,13 +1234,26 @@ BENCHMARKS = {
 
 
 #: The benchmarks that take ``precision`` and ``compile`` (the ratios issue #16 asks for on a GPU).
-VARIANT_BENCHMARKS = ("modulated", "ni_vectorised", "modattn_tokens", "ni_fused",
-                      "ni_vs_transformer", "ni_memory", "nac_vs_pio", "flop_utilisation")  # fmt: skip
+VARIANT_BENCHMARKS = (
+    "modulated",
+    "ni_vectorised",
+    "modattn_tokens",
+    "ni_fused",
+    "ni_vs_transformer",
+    "ni_memory",
+    "nac_vs_pio",
+    "flop_utilisation",
+)
 
 
-def run_all(profile: str | None = None, only: list[str] | None = None, device=None,
-            show: Callable[[str], None] | None = print, precision: str = "float32",
-            compile: bool = False) -> dict:  # fmt: skip
+def run_all(
+    profile: str | None = None,
+    only: list[str] | None = None,
+    device=None,
+    show: Callable[[str], None] | None = print,
+    precision: str = "float32",
+    compile: bool = False,
+) -> dict:
     """Run the suite (or ``only`` some benchmarks) at ``profile``; returns a JSON-able dict.
     ``precision="bfloat16"`` (bf16 autocast) and ``compile=True`` (``torch.compile``) apply to
     :data:`VARIANT_BENCHMARKS`, which are then the default selection."""
@@ -1020,12 +1271,20 @@ def run_all(profile: str | None = None, only: list[str] | None = None, device=No
         raise ValueError(f"only must name benchmarks in {list(BENCHMARKS)}, got {unknown}")
     fixed = [n for n in names if variant and n not in VARIANT_BENCHMARKS]
     if fixed:
-        raise ValueError(f"only: {fixed} take no precision or compile; those that do are "
-                         f"{list(VARIANT_BENCHMARKS)}")  # fmt: skip
+        raise ValueError(
+            f"only: {fixed} take no precision or compile; those that do are "
+            f"{list(VARIANT_BENCHMARKS)}"
+        )
     torch.manual_seed(0)
-    out = {"profile": profile, "device": str(device), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "precision": precision, "compile": compile,
-           "results": {}}  # fmt: skip
+    out = {
+        "profile": profile,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "precision": precision,
+        "compile": compile,
+        "results": {},
+    }
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     for name in names:
@@ -1058,11 +1317,17 @@ def compare(variants: dict[str, dict]) -> str:
 def format_result(res: dict) -> str:
     verdict = {True: "met", False: "MISSED", None: "n/a"}[res["met"]]
     ratio = "-" if res["ratio"] is None else f"{res['ratio']:.3g}"
-    lines = [f"== {res['name']}: {ratio} (target {res['target']}: {verdict}) "
-             f"[{res.get('seconds', 0):.1f} s]"]  # fmt: skip
+    lines = [
+        f"== {res['name']}: {ratio} (target {res['target']}: {verdict}) "
+        f"[{res.get('seconds', 0):.1f} s]"
+    ]
     if res.get("note"):
         lines.append(f"   {res['note']}")
     for row in res["rows"]:
-        lines.append("   " + "  ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))  # fmt: skip
+        lines.append(
+            "   "
+            + "  ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+            )
+        )
     return wrap("\n".join(lines))

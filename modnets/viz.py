@@ -76,9 +76,13 @@ def draw_routing(
     colours = [plt.cm.tab10(n[1] % 10) for n in nodes]
     nx.draw_networkx_nodes(G, pos, nodelist=["input"], node_size=200, node_color="0.3", ax=ax)
     nx.draw_networkx_nodes(
-        G, pos, nodelist=nodes, node_size=[node_scale * G.nodes[n]["share"] + 10 for n in nodes],
-        node_color=colours, ax=ax,
-    )  # fmt: skip
+        G,
+        pos,
+        nodelist=nodes,
+        node_size=[node_scale * G.nodes[n]["share"] + 10 for n in nodes],
+        node_color=colours,
+        ax=ax,
+    )
     widths = [edge_scale * G.edges[e]["weight"] for e in G.edges]
     nx.draw_networkx_edges(G, pos, width=widths, arrows=False, ax=ax, edge_color="0.4")
     labels = (
@@ -111,14 +115,27 @@ def draw_function_shares(entries: Sequence[dict], ax=None, title: str | None = N
         for k, shares in enumerate(e["share"]):
             bottom = 0.0
             for u, share in enumerate(shares):
-                ax.bar(x, share, bottom=bottom, color=plt.cm.tab10(u % 10), width=0.8,
-                       edgecolor="white", linewidth=0.5)  # fmt: skip
+                ax.bar(
+                    x,
+                    share,
+                    bottom=bottom,
+                    color=plt.cm.tab10(u % 10),
+                    width=0.8,
+                    edgecolor="white",
+                    linewidth=0.5,
+                )
                 bottom += share
             ticks.append(x)
             labels.append(f"i{k + 1}")
             x += 1.0
-        ax.text(x - (len(e["share"]) + 1) / 2, 1.02, f"seed {e.get('seed', '?')}: {e['regime']}",
-                ha="center", va="bottom", fontsize=8)  # fmt: skip
+        ax.text(
+            x - (len(e["share"]) + 1) / 2,
+            1.02,
+            f"seed {e.get('seed', '?')}: {e['regime']}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
         x += 0.6
     ax.set_xticks(ticks, labels, fontsize=8)
     ax.set(ylim=(0, 1.12), ylabel="share of routing weight")
@@ -129,8 +146,14 @@ def draw_function_shares(entries: Sequence[dict], ax=None, title: str | None = N
     return ax
 
 
-def draw_circuit(P: Tensor, ax=None, threshold: float = 0.5, num_hubs: int = 5, seed: int = 0,
-                 node_size: float = 40.0):  # fmt: skip
+def draw_circuit(
+    P: Tensor,
+    ax=None,
+    threshold: float = 0.5,
+    num_hubs: int = 5,
+    seed: int = 0,
+    node_size: float = 40.0,
+):
     """Draw a NAC circuit like NAC Fig. 8: an edge where ``P_ij > threshold``, node area by the
     module importance ``q_i = sum_j P_ij`` (App. F) and the ``num_hubs`` most connected modules
     in red. Returns the networkx graph.

@@ -136,7 +136,9 @@ def audit_page(html: str, max_columns: int = MAX_COLUMNS) -> list[str]:
         for block in blocks:
             for line in block.splitlines():
                 if len(line.rstrip()) > max_columns:
-                    problems.append(f"too_wide: {kind} line of {len(line.rstrip())} > {max_columns}: {line.strip()[:50]!r}")  # fmt: skip
+                    problems.append(
+                        f"too_wide: {kind} line of {len(line.rstrip())} > {max_columns}: {line.strip()[:50]!r}"
+                    )
     for entry in page.toc:
         if CITATION_KEY.search(entry):
             problems.append(f"citation_in_toc: {entry!r}")
@@ -153,8 +155,11 @@ def audit_page(html: str, max_columns: int = MAX_COLUMNS) -> list[str]:
 def audit_build(html_dir: Path, max_columns: int = MAX_COLUMNS) -> dict[str, list[str]]:
     """``page -> problems`` for every chapter page of a build (Sphinx's own pages skipped)."""
     skip = {"genindex.html", "search.html", "py-modindex.html"}
-    pages = sorted(p for p in Path(html_dir).rglob("*.html")
-                   if p.name not in skip and "_static" not in p.parts and "_sources" not in p.parts)  # fmt: skip
+    pages = sorted(
+        p
+        for p in Path(html_dir).rglob("*.html")
+        if p.name not in skip and "_static" not in p.parts and "_sources" not in p.parts
+    )
     if not pages:
         raise FileNotFoundError(f"no HTML pages under {html_dir}: build the book first")
     found = {}

@@ -34,8 +34,16 @@ def _fit(tmp_path, amp: bool, name: str):
     x = torch.randn(64, 8)
     y = x @ torch.randn(8, 1) + 0.1
     model = torch.nn.Linear(8, 1)
-    config = TrainConfig(epochs=10, batch_size=8, lr=5e-2, optimizer="adam", schedule="constant",
-                         clip_grad_norm=1.0, amp=amp, log_points=4)  # fmt: skip
+    config = TrainConfig(
+        epochs=10,
+        batch_size=8,
+        lr=5e-2,
+        optimizer="adam",
+        schedule="constant",
+        clip_grad_norm=1.0,
+        amp=amp,
+        log_points=4,
+    )
 
     def step(net, idx):
         return torch.nn.functional.mse_loss(net(x[idx]).float(), y[idx])
@@ -66,10 +74,21 @@ def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch():
     def train(accumulate):
         torch.manual_seed(1)
         model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-        config = TrainConfig(epochs=2, batch_size=12, lr=1e-2, clip_grad_norm=0.5,
-                             accumulate=accumulate, log_points=8)  # fmt: skip
-        history = fit(model, lambda net, idx: torch.nn.functional.mse_loss(net(x[idx]), y[idx]),
-                      config, n=48, show_progress=False)  # fmt: skip
+        config = TrainConfig(
+            epochs=2,
+            batch_size=12,
+            lr=1e-2,
+            clip_grad_norm=0.5,
+            accumulate=accumulate,
+            log_points=8,
+        )
+        history = fit(
+            model,
+            lambda net, idx: torch.nn.functional.mse_loss(net(x[idx]), y[idx]),
+            config,
+            n=48,
+            show_progress=False,
+        )
         return model, history
 
     whole, h1 = train(1)
@@ -85,5 +104,10 @@ def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch():
     with pytest.raises(ValueError, match="accumulate"):
         TrainConfig(1, 12, 1e-2, accumulate=5)
     with pytest.raises(ValueError, match="accumulate"):
-        fit(whole, lambda net, b: net(x).sum(), TrainConfig(1, 12, 1e-2, accumulate=2),
-            batches=lambda e: [0, 1], show_progress=False)  # fmt: skip
+        fit(
+            whole,
+            lambda net, b: net(x).sum(),
+            TrainConfig(1, 12, 1e-2, accumulate=2),
+            batches=lambda e: [0, 1],
+            show_progress=False,
+        )

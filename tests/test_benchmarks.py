@@ -86,15 +86,21 @@ def test_thread_policy_is_set_before_torch_loads():
 
     code = "import modnets, os; print(os.environ['GOMP_SPINCOUNT'], modnets.threads.effective)"
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == [threads.GOMP_SPINCOUNT, "True"]
     # a value the user set is kept; torch imported first: the policy is not in effect
     code = (
         "import torch, modnets, os; print(os.environ['GOMP_SPINCOUNT'], modnets.threads.effective)"
     )
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "7"},
-                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "GOMP_SPINCOUNT": "7"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == ["7", "False"]
 
 

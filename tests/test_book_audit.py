@@ -52,10 +52,14 @@ def test_a_clean_page_passes():
     [
         (page(inputs=['if "google.colab" in sys.modules:']), "install_cell"),
         (page(inputs=["%pip install modnets"]), "install_cell"),
-        (page(outputs=["\n".join(f"training: {k}0%|##   | {k}/10" for k in range(1, 6))]),
-         "progress_spam"),
-        (page(outputs=["/tmp/ipykernel_1234/56.py:6: UserWarning: The given NumPy array"]),
-         "temp_path_warning"),
+        (
+            page(outputs=["\n".join(f"training: {k}0%|##   | {k}/10" for k in range(1, 6))]),
+            "progress_spam",
+        ),
+        (
+            page(outputs=["/tmp/ipykernel_1234/56.py:6: UserWarning: The given NumPy array"]),
+            "temp_path_warning",
+        ),
         (page(outputs=["x" * (MAX_COLUMNS + 1)]), "too_wide"),
         (page(inputs=["y" * (MAX_COLUMNS + 1)]), "too_wide"),
         (page(toc=["Neural Interpreters rahaman2021interpreters"]), "citation_in_toc"),
@@ -63,7 +67,7 @@ def test_a_clean_page_passes():
         (page(outputs=["paper: 58.890000"]), "six_digits"),
         (table_page("58.890000"), "six_digits"),
     ],
-)  # fmt: skip
+)
 def test_each_rule_fails_on_a_page_that_breaks_it(html, rule):
     problems = audit_page(html)
     assert problems and all(p.startswith(rule) for p in problems), problems

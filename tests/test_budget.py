@@ -20,8 +20,9 @@ def _toy(samples: int) -> harness.DryRun:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 1))
     x = torch.randn(samples, 10)
-    return harness.DryRun("toy", model, lambda m: m(x).square().mean(), samples=samples,
-                          batch_size=64, steps=1000)  # fmt: skip
+    return harness.DryRun(
+        "toy", model, lambda m: m(x).square().mean(), samples=samples, batch_size=64, steps=1000
+    )
 
 
 def test_activations_and_flops_are_counted_per_example_and_scale_with_the_batch():
@@ -38,8 +39,15 @@ def test_activations_and_flops_are_counted_per_example_and_scale_with_the_batch(
 def test_accumulation_is_the_smallest_divisor_of_the_batch_that_fits():
     t4, a100 = budget.GPUS[0], budget.GPUS[1]
     gib = 2**30
-    e = budget.Estimate("x", "m", parameters=10_000_000, batch_size=64, steps=10_000,
-                        activation_bytes=100 * gib, flops_per_step=1e12)  # fmt: skip
+    e = budget.Estimate(
+        "x",
+        "m",
+        parameters=10_000_000,
+        batch_size=64,
+        steps=10_000,
+        activation_bytes=100 * gib,
+        flops_per_step=1e12,
+    )
     assert e.static_bytes == 10_000_000 * 18
     assert e.accumulation(t4) == 8  # 100 / 8 = 12.5 GiB + 0.17 fits 13.5; 100 / 4 does not
     assert e.accumulation(a100) == 4  # 25 GiB + 0.17 fits 36
@@ -54,8 +62,10 @@ def test_accumulation_is_the_smallest_divisor_of_the_batch_that_fits():
 
 def test_setup_md_shows_every_gpu_model_with_its_parameters():
     text = (ROOT / "book" / "setup.md").read_text()
-    rows = {(m[0], m[1]): m[2] for m in re.findall(r"^\| (\w+) \| ([^|]+?) \| ([\d,]+) \|", text,
-                                                       flags=re.M)}  # fmt: skip
+    rows = {
+        (m[0], m[1]): m[2]
+        for m in re.findall(r"^\| (\w+) \| ([^|]+?) \| ([\d,]+) \|", text, flags=re.M)
+    }
     for name in budget.EXPERIMENTS:
         module = harness.import_experiment(name)
         for part in module.dry_run(module.CONFIGS["gpu"]):

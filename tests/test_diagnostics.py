@@ -67,8 +67,13 @@ def test_regime_holds_only_when_every_iteration_agrees():
 
 
 def test_regime_line_names_the_seeds_and_warns():
-    line = dg.regime_line([{"seed": 0, "regime": "collapsed"}, {"seed": 1, "regime": "modular"},
-                           {"seed": 2, "regime": "collapsed"}])  # fmt: skip
+    line = dg.regime_line(
+        [
+            {"seed": 0, "regime": "collapsed"},
+            {"seed": 1, "regime": "modular"},
+            {"seed": 2, "regime": "collapsed"},
+        ]
+    )
     assert "collapsed (seeds 0, 2)" in line and "modular (seed 1)" in line and "weak" in line
     assert "weak" not in dg.regime_line([{"seed": 0, "regime": "modular"}])
 
@@ -95,9 +100,18 @@ def test_routing_shift_is_the_total_variation_between_two_routings():
 
 def test_ni_routing_shift_is_zero_for_a_copy_and_ignores_cls_tokens():
     torch.manual_seed(0)
-    cfg = NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
-                           input_kind="vector", num_elements=5, num_cls=4, num_outputs=1,
-                           truncation=1.6)  # fmt: skip
+    cfg = NIConfig(
+        dim=16,
+        type_dim=4,
+        num_functions=3,
+        num_iterations=2,
+        num_heads=2,
+        input_kind="vector",
+        num_elements=5,
+        num_cls=4,
+        num_outputs=1,
+        truncation=1.6,
+    )
     model = NeuralInterpreter(cfg)
     x = torch.rand(8, 5)
     copy = NeuralInterpreter(cfg)
@@ -116,8 +130,10 @@ def test_function_shares_are_drawn_as_stacked_bars_of_the_shares():
     matplotlib.use("Agg")
     from modnets.viz import draw_function_shares
 
-    entries = [{"seed": 0, "regime": "modular", "share": [[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]]},
-               {"seed": 1, "regime": "collapsed", "share": [[1.0, 0.0, 0.0], [0.9, 0.1, 0.0]]}]  # fmt: skip
+    entries = [
+        {"seed": 0, "regime": "modular", "share": [[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]]},
+        {"seed": 1, "regime": "collapsed", "share": [[1.0, 0.0, 0.0], [0.9, 0.1, 0.0]]},
+    ]
     ax = draw_function_shares(entries)
     bars = ax.patches
     assert len(bars) == 2 * 2 * 3  # seeds x iterations x functions

@@ -182,8 +182,10 @@ def test_a_read_only_or_partial_root_gets_its_missing_split_downloaded_elsewhere
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         png = io.BytesIO()
         Image.fromarray(np.full((32, 32, 3), 9, np.uint8)).save(png, format="PNG")
-        for name, data in (("mnist_m/mnist_m_train/00000000.png", png.getvalue()),
-                           ("mnist_m/mnist_m_train_labels.txt", b"00000000.png 7\n")):  # fmt: skip
+        for name, data in (
+            ("mnist_m/mnist_m_train/00000000.png", png.getvalue()),
+            ("mnist_m/mnist_m_train_labels.txt", b"00000000.png 7\n"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

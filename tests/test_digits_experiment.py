@@ -105,8 +105,9 @@ def test_pretraining_snapshots_hold_the_weights_of_their_epoch(fake_root):
     data = digits.load_pretraining_data(t, fake_root, verify=False)
     model = digits.build_ni(t)
     snaps: list = []
-    history = digits.pretrain(model, data, t, "ni", show_progress=False, snapshots=snaps,
-                              max_snapshots=2)  # fmt: skip
+    history = digits.pretrain(
+        model, data, t, "ni", show_progress=False, snapshots=snaps, max_snapshots=2
+    )
     # 5 epochs, at most 2 snapshots: every 3rd epoch and the last
     assert [s["epoch"] for s in snaps] == [3, 5]
     assert [s["val_mean"] for s in snaps] == [history["val_mean"][2], history["val_mean"][4]]
@@ -169,11 +170,19 @@ class _EvalGuarded(dict):
 
 
 def test_learning_rate_selection_never_reads_the_evaluation_split():
-    cfg = digits.DigitsConfig(digits.CONFIGS["smoke"].train, kmnist_pool=120, sample_counts=(20,),
-                              finetune_epochs=1, finetune_lrs=(1e-4, 3e-3), selection_val=40)  # fmt: skip
+    cfg = digits.DigitsConfig(
+        digits.CONFIGS["smoke"].train,
+        kmnist_pool=120,
+        sample_counts=(20,),
+        finetune_epochs=1,
+        finetune_lrs=(1e-4, 3e-3),
+        selection_val=40,
+    )
     g = torch.Generator().manual_seed(0)
-    pool = {"x_pool": torch.randint(0, 256, (120, 3, 32, 32), generator=g, dtype=torch.uint8),
-            "y_pool": torch.arange(120) % 10}  # fmt: skip
+    pool = {
+        "x_pool": torch.randint(0, 256, (120, 3, 32, 32), generator=g, dtype=torch.uint8),
+        "y_pool": torch.arange(120) % 10,
+    }
     kmnist = _EvalGuarded(pool, x_eval=pool["x_pool"][:10], y_eval=pool["y_pool"][:10])
     ni = digits.build_ni(cfg.train)
     with pytest.raises(AssertionError, match="x_eval"):  # the guard works
@@ -227,9 +236,17 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
     files = list((tmp_path / "ckpt").glob("digits-*.pt"))
     assert len(files) == 6 and not any(f.name.endswith(".train.pt") for f in files)
     # another analysis of the same pretraining loads the models: nothing is retrained
-    other = digits.DigitsConfig(cfg.train, seeds=cfg.seeds, kmnist_pool=200, kmnist_eval=200,
-                                sample_counts=(30,), finetune_epochs=1, adaptation_seeds=1,
-                                capacity_functions=(3,), drop_trials=1)  # fmt: skip
+    other = digits.DigitsConfig(
+        cfg.train,
+        seeds=cfg.seeds,
+        kmnist_pool=200,
+        kmnist_eval=200,
+        sample_counts=(30,),
+        finetune_epochs=1,
+        adaptation_seeds=1,
+        capacity_functions=(3,),
+        drop_trials=1,
+    )
     again = digits.run(other, profile="smoke", show_progress=False, root=fake_root, verify=False)
     for kind in digits.KINDS:
         for a, b in zip(m[kind]["per_seed"], again["models"][kind]["per_seed"], strict=True):
@@ -265,29 +282,47 @@ def _made_up(**q) -> dict:
     ni, vit = [], []
     for s in range(len(q["ni"])):
         drop0, drop1 = q["drop0"][s], q["drop1"][s]
-        ni.append({
-            "seed": s, "num_iterations": 4, "mean_val_acc": q["ni_val"][s],
-            "val_acc": {"mnist": q.get("mnist", 0.97), "mnist_m": q["ni_val"][s]},
-            "adaptation": {"150": [q["ni"][s] - 0.01, q["ni"][s] + 0.01], "500": [0.9, 0.9]},
-            "adaptation_valmatched": {"150": [q["ni"][s]] * 2, "500": [0.9, 0.9]},
-            "adaptation_resampled": {"150": [q["resampled"][s]] * 2, "500": [0.8, 0.8]},
-            "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
-            "drop": {"0": {"mnist": [drop0], "mnist_m": [drop0]},
-                     "1": {"mnist": [drop1 - 0.02, drop1 + 0.02], "mnist_m": [drop1] * 2}},
-            "path_contrast": q["paths"][s],
-            "type_silhouette": [q["sil_first"][s], 0.5, q["sil_last"][s]],
-            "anytime": {"2": {"mnist": q["half"][s], "mnist_m": q["half"][s]},
-                        "4": {"mnist": q["full"][s] - 0.01, "mnist_m": q["full"][s] + 0.01},
-                        "8": {"mnist": q["double"][s], "mnist_m": q["double"][s]}},
-        })  # fmt: skip
-        vit.append({"seed": s, "mean_val_acc": q["vit_val"][s],
-                    "val_acc": {"mnist": q.get("mnist", 0.97), "mnist_m": q["vit_val"][s]},
-                    "adaptation": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]},
-                    "adaptation_valmatched": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]}})  # fmt: skip
-    config = {"train": {"datasets": ["mnist", "mnist_m"]}, "sample_counts": [150, 500],
-              "capacity_functions": [5, 8]}  # fmt: skip
-    small = [{**v, "adaptation": {"150": [x - 0.005] * 2, "500": [0.9, 0.9]}}
-             for v, x in zip(vit, q["vit"], strict=True)]  # fmt: skip
+        ni.append(
+            {
+                "seed": s,
+                "num_iterations": 4,
+                "mean_val_acc": q["ni_val"][s],
+                "val_acc": {"mnist": q.get("mnist", 0.97), "mnist_m": q["ni_val"][s]},
+                "adaptation": {"150": [q["ni"][s] - 0.01, q["ni"][s] + 0.01], "500": [0.9, 0.9]},
+                "adaptation_valmatched": {"150": [q["ni"][s]] * 2, "500": [0.9, 0.9]},
+                "adaptation_resampled": {"150": [q["resampled"][s]] * 2, "500": [0.8, 0.8]},
+                "capacity": {"5": [q["cap_min"][s]] * 2, "8": [q["cap_max"][s]] * 2},
+                "drop": {
+                    "0": {"mnist": [drop0], "mnist_m": [drop0]},
+                    "1": {"mnist": [drop1 - 0.02, drop1 + 0.02], "mnist_m": [drop1] * 2},
+                },
+                "path_contrast": q["paths"][s],
+                "type_silhouette": [q["sil_first"][s], 0.5, q["sil_last"][s]],
+                "anytime": {
+                    "2": {"mnist": q["half"][s], "mnist_m": q["half"][s]},
+                    "4": {"mnist": q["full"][s] - 0.01, "mnist_m": q["full"][s] + 0.01},
+                    "8": {"mnist": q["double"][s], "mnist_m": q["double"][s]},
+                },
+            }
+        )
+        vit.append(
+            {
+                "seed": s,
+                "mean_val_acc": q["vit_val"][s],
+                "val_acc": {"mnist": q.get("mnist", 0.97), "mnist_m": q["vit_val"][s]},
+                "adaptation": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]},
+                "adaptation_valmatched": {"150": [q["vit"][s]] * 2, "500": [0.9, 0.9]},
+            }
+        )
+    config = {
+        "train": {"datasets": ["mnist", "mnist_m"]},
+        "sample_counts": [150, 500],
+        "capacity_functions": [5, 8],
+    }
+    small = [
+        {**v, "adaptation": {"150": [x - 0.005] * 2, "500": [0.9, 0.9]}}
+        for v, x in zip(vit, q["vit"], strict=True)
+    ]
     models = {"ni": {"per_seed": ni}, "vit": {"per_seed": vit}, "vit_small": {"per_seed": small}}
     return {"config": config, "models": models}
 
@@ -319,12 +354,22 @@ def test_claims_compute_every_verdict_from_made_up_results():
     assert out["val-match"].values == pytest.approx([-0.001, 0.002, -0.001])  # signed
     assert out["ours-more-iterations"].kind == "ours" and out["fig5a-ni-vs-vit"].kind == "paper"
     failed = _made_up(
-        ni=[0.40, 0.42, 0.41], vit=[0.50, 0.51, 0.52], resampled=[0.60, 0.62, 0.61],
-        cap_min=[0.60, 0.61, 0.63], cap_max=[0.50, 0.52, 0.51], drop0=[0.90, 0.91, 0.92],
-        drop1=[0.50, 0.52, 0.51], half=[0.90, 0.91, 0.92], full=[0.70, 0.72, 0.71],
-        double=[0.30, 0.31, 0.32], ni_val=[0.90, 0.91, 0.92], vit_val=[0.80, 0.81, 0.80],
-        paths=[-0.02, -0.03, -0.025], sil_first=[0.5, 0.5, 0.5], sil_last=[0.2, 0.21, 0.22],
-    )  # fmt: skip
+        ni=[0.40, 0.42, 0.41],
+        vit=[0.50, 0.51, 0.52],
+        resampled=[0.60, 0.62, 0.61],
+        cap_min=[0.60, 0.61, 0.63],
+        cap_max=[0.50, 0.52, 0.51],
+        drop0=[0.90, 0.91, 0.92],
+        drop1=[0.50, 0.52, 0.51],
+        half=[0.90, 0.91, 0.92],
+        full=[0.70, 0.72, 0.71],
+        double=[0.30, 0.31, 0.32],
+        ni_val=[0.90, 0.91, 0.92],
+        vit_val=[0.80, 0.81, 0.80],
+        paths=[-0.02, -0.03, -0.025],
+        sil_first=[0.5, 0.5, 0.5],
+        sil_last=[0.2, 0.21, 0.22],
+    )
     verdicts = {c.id: c.verdict for c in digits.claims(failed)}
     assert verdicts == {
         **dict.fromkeys(tested, "not reproduced"),
@@ -332,12 +377,22 @@ def test_claims_compute_every_verdict_from_made_up_results():
         "fig5a-gap-closes": "not reproduced",
     }
     noisy = _made_up(
-        ni=[0.60, 0.40, 0.52], vit=[0.50, 0.51, 0.52], resampled=[0.40, 0.62, 0.50],
-        cap_min=[0.50, 0.62, 0.51], cap_max=[0.60, 0.51, 0.53], drop0=[0.90, 0.91, 0.92],
-        drop1=[0.88, 0.70, 0.85], half=[0.70, 0.95, 0.90], full=[0.90, 0.91, 0.92],
-        double=[0.90, 0.70, 0.95], ni_val=[0.90, 0.91, 0.92], vit_val=[0.90, 0.95, 0.91],
-        paths=[0.2, -0.1, 0.05], sil_first=[0.5, 0.5, 0.5], sil_last=[0.7, 0.3, 0.55],
-    )  # fmt: skip
+        ni=[0.60, 0.40, 0.52],
+        vit=[0.50, 0.51, 0.52],
+        resampled=[0.40, 0.62, 0.50],
+        cap_min=[0.50, 0.62, 0.51],
+        cap_max=[0.60, 0.51, 0.53],
+        drop0=[0.90, 0.91, 0.92],
+        drop1=[0.88, 0.70, 0.85],
+        half=[0.70, 0.95, 0.90],
+        full=[0.90, 0.91, 0.92],
+        double=[0.90, 0.70, 0.95],
+        ni_val=[0.90, 0.91, 0.92],
+        vit_val=[0.90, 0.95, 0.91],
+        paths=[0.2, -0.1, 0.05],
+        sil_first=[0.5, 0.5, 0.5],
+        sil_last=[0.7, 0.3, 0.55],
+    )
     verdicts = {c.id: c.verdict for c in digits.claims(noisy)}
     assert verdicts == {
         **dict.fromkeys(tested, "inconclusive"),
@@ -347,8 +402,10 @@ def test_claims_compute_every_verdict_from_made_up_results():
     # models that never learned MNIST: outside NI §4.2's regime, nothing decided
     weak = _made_up(**{**_REPRODUCED, "mnist": 0.7})
     assert {c.verdict for c in digits.claims(weak)} == {"not testable here"}
-    with_svhn = {**reproduced, "config": {**reproduced["config"],
-                                          "train": {"datasets": ["svhn", "mnist_m", "mnist"]}}}  # fmt: skip
+    with_svhn = {
+        **reproduced,
+        "config": {**reproduced["config"], "train": {"datasets": ["svhn", "mnist_m", "mnist"]}},
+    }
     assert "svhn" not in {c.id for c in digits.claims(with_svhn)}
 
 

@@ -17,10 +17,14 @@ HERE = Path(__file__).parent
 # every rank, as in one process
 SMOKE = ti.CONFIGS["smoke"].train
 CONFIG = dataclasses.replace(
-    SMOKE, classes=3, max_train_per_class=5, max_val_per_class=None, augment=None,
+    SMOKE,
+    classes=3,
+    max_train_per_class=5,
+    max_val_per_class=None,
+    augment=None,
     nac={**SMOKE.nac, "drop_path": 0.0, "state_noise": False, "per_example_kernel": False},
     nac_train=dataclasses.replace(SMOKE.nac_train, epochs=2, batch_size=4, lr=1e-2),
-)  # fmt: skip
+)
 
 
 def train_once(config, seed: int = 0) -> dict:
@@ -48,8 +52,15 @@ def test_two_ranks_match_one_process(fake_data):
     out = fake_data / "ddp"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HERE / "ddp_worker.py"), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(HERE / "ddp_worker.py"),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (torch.load(out / f"rank{r}.pt") for r in (0, 1))

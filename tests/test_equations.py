@@ -186,20 +186,35 @@ def test_a_made_up_good_row_has_no_problems():
 @pytest.mark.parametrize(
     "changes, expected",
     [
-        (dict(code="modnets.nn.modulated.ModLinear"), "modnets.nn.modulated.ModLinear does not import"),
+        (
+            dict(code="modnets.nn.modulated.ModLinear"),
+            "modnets.nn.modulated.ModLinear does not import",
+        ),
         (dict(code="modnets.nn.modulatd.ModLin"), "modnets.nn.modulatd.ModLin does not import"),
         (dict(code="modnets.ModLin"), "is defined in modnets.nn.modulated, not modnets"),
-        (dict(code=("modnets.nn.modulated.ModLin", "modnets.nn.modulated.ModLin.nope")), "ModLin.nope does not import"),
+        (
+            dict(code=("modnets.nn.modulated.ModLin", "modnets.nn.modulated.ModLin.nope")),
+            "ModLin.nope does not import",
+        ),
         (dict(test="tests/test_modulated.py::test_no_such_test"), "has no test test_no_such_test"),
-        (dict(test="tests/test_no_such_file.py::test_x"), "test file tests/test_no_such_file.py does not exist"),
-        (dict(test="tests/test_modulated.py::test_equation_against_direct_reference[cls0-ref0]"), "names one parametrisation"),
+        (
+            dict(test="tests/test_no_such_file.py::test_x"),
+            "test file tests/test_no_such_file.py does not exist",
+        ),
+        (
+            dict(test="tests/test_modulated.py::test_equation_against_direct_reference[cls0-ref0]"),
+            "names one parametrisation",
+        ),
         (dict(test="test_equation_against_direct_reference"), "is not a node id"),
-        (dict(chapter="notebooks/99_missing.ipynb"), "chapter notebooks/99_missing.ipynb does not exist"),
+        (
+            dict(chapter="notebooks/99_missing.ipynb"),
+            "chapter notebooks/99_missing.ipynb does not exist",
+        ),
         (dict(chapter="notebooks/07_skmdpa.ipynb"), "does not mention NI eq. 4"),
         (dict(chapter="book/notation.md"), "is not a notebook"),
         (dict(paper="XY"), "unknown paper"),
     ],
-)  # fmt: skip
+)
 def test_the_check_reports_a_broken_made_up_row(changes, expected):
     found = row_problems(made_up(**changes))
     assert any(expected in p for p in found), found

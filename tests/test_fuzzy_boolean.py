@@ -213,8 +213,14 @@ def _made_up(r2: dict) -> dict:
 
 def test_claims_compute_every_verdict_from_made_up_results():
     ids = ("table1-type-beats-cls", "table1-gap-closed", "ours-all-beats-type")
-    reproduced = _made_up({"pretrain": [0.998, 0.997, 0.999], "cls": [0.90, 0.91, 0.92],
-                           "type": [0.98, 0.985, 0.99], "all": [0.995, 0.996, 0.997]})  # fmt: skip
+    reproduced = _made_up(
+        {
+            "pretrain": [0.998, 0.997, 0.999],
+            "cls": [0.90, 0.91, 0.92],
+            "type": [0.98, 0.985, 0.99],
+            "all": [0.995, 0.996, 0.997],
+        }
+    )
     out = fb.claims(reproduced)
     assert {c.id: c.verdict for c in out} == dict.fromkeys(ids, "reproduced")
     assert [c.kind for c in out] == ["paper", "paper", "ours"]
@@ -232,8 +238,14 @@ def test_claims_compute_every_verdict_from_made_up_results():
     )
     verdicts = {c.id: c.verdict for c in fb.claims(failed)}
     assert verdicts["table1-type-beats-cls"] == verdicts["table1-gap-closed"] == "not reproduced"
-    noisy = _made_up({"pretrain": [0.998, 0.999, 0.995], "cls": [0.90, 0.95, 0.92],
-                      "type": [0.95, 0.92, 0.93], "all": [0.97, 0.91, 0.99]})  # fmt: skip
+    noisy = _made_up(
+        {
+            "pretrain": [0.998, 0.999, 0.995],
+            "cls": [0.90, 0.95, 0.92],
+            "type": [0.95, 0.92, 0.93],
+            "all": [0.97, 0.91, 0.99],
+        }
+    )
     assert {c.verdict for c in fb.claims(noisy)} == {"inconclusive"}
     # pretraining that did not fit the functions: outside the paper's regime, nothing decided
     poor = _made_up(
@@ -316,8 +328,12 @@ def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, m
 
 
 def test_sweep_prefers_modular_routing_to_a_better_fit():
-    rows = [{"r2": 0.99, "regime": "collapsed"}, {"r2": 0.95, "regime": "modular"},
-            {"r2": 0.97, "regime": "modular"}, {"r2": 0.999, "regime": "uniform"}]  # fmt: skip
+    rows = [
+        {"r2": 0.99, "regime": "collapsed"},
+        {"r2": 0.95, "regime": "modular"},
+        {"r2": 0.97, "regime": "modular"},
+        {"r2": 0.999, "regime": "uniform"},
+    ]
     assert fb.choose_candidate(rows) == 2
     # modular at every iteration beats modular overall (e.g. uniform at one iteration)
     strict = [{**rows[2]}, {"r2": 0.96, "regime": "modular", "modular_every_iteration": True}]

@@ -76,8 +76,14 @@ def test_fit_restores_the_best_epoch():
 
     cfg = TrainConfig(epochs=3, batch_size=2, lr=0.1, best="acc", amp=False)
     x = torch.randn(4, 2)
-    hist = fit(model, lambda net, idx: net(x[idx]).pow(2).mean(), cfg, n=4, evaluate=evaluate,
-               show_progress=False)  # fmt: skip
+    hist = fit(
+        model,
+        lambda net, idx: net(x[idx]).pow(2).mean(),
+        cfg,
+        n=4,
+        evaluate=evaluate,
+        show_progress=False,
+    )
     assert hist["val_acc"] == [0.2, 0.9, 0.1] and hist["best_epoch"] == 2
     torch.testing.assert_close(model.weight, snapshots[1])
 
@@ -112,8 +118,13 @@ def test_fit_needs_exactly_one_data_source_and_a_loss():
     with pytest.raises(TypeError, match="loss"):
         fit(model, lambda net, b: 1.0, cfg, n=1, show_progress=False)
     with pytest.raises(ValueError, match="evaluate"):
-        fit(model, lambda net, b: net.weight.sum(), dataclasses.replace(cfg, best="acc"), n=1,
-            show_progress=False)  # fmt: skip
+        fit(
+            model,
+            lambda net, b: net.weight.sum(),
+            dataclasses.replace(cfg, best="acc"),
+            n=1,
+            show_progress=False,
+        )
 
 
 # ----------------------------------------------------------------------------- keys
@@ -207,10 +218,12 @@ def test_the_key_hashes_training_seed_data_and_code_but_not_the_analysis():
         cfg.train, pretrain=dataclasses.replace(cfg.train.pretrain, save_every=7)
     )
     assert harness.checkpoint_key("x", saving, 0, "data", "code") == key  # no effect on weights
-    for other in (harness.checkpoint_key("x", trained_changed, 0, "data", "code"),
-                  harness.checkpoint_key("x", cfg.train, 1, "data", "code"),
-                  harness.checkpoint_key("x", cfg.train, 0, "data2", "code"),
-                  harness.checkpoint_key("x", cfg.train, 0, "data", "code2")):  # fmt: skip
+    for other in (
+        harness.checkpoint_key("x", trained_changed, 0, "data", "code"),
+        harness.checkpoint_key("x", cfg.train, 1, "data", "code"),
+        harness.checkpoint_key("x", cfg.train, 0, "data2", "code"),
+        harness.checkpoint_key("x", cfg.train, 0, "data", "code2"),
+    ):
         assert other != key
 
 
@@ -266,8 +279,9 @@ def test_load_or_train_keeps_an_extra_and_retrains_a_checkpoint_without_one(tmp_
     harness.load_or_train("toy", {"lr": 1}, 0, build, plain, **kw)
     with pytest.warns(UserWarning, match="holds no extra"):  # saved without: retrained
         _, _, kept = harness.load_or_train("toy", {"lr": 1}, 0, build, with_extra, extra=True, **kw)
-    _, history, again = harness.load_or_train("toy", {"lr": 1}, 0, build, with_extra, extra=True,
-                                              **kw)  # fmt: skip
+    _, history, again = harness.load_or_train(
+        "toy", {"lr": 1}, 0, build, with_extra, extra=True, **kw
+    )
     assert calls == ["plain", "extra"] and history == {"trained": True}
     assert again[0]["epoch"] == 1 and torch.equal(again[0]["state"]["w"], kept[0]["state"]["w"])
     model, history = harness.load_or_train(
@@ -294,15 +308,17 @@ def test_seed_stats_is_scipys_t_interval():
 
 @pytest.mark.parametrize(
     "values, threshold, direction, verdict",
-    [([0.1, 0.12, 0.11], 0.0, ">", "reproduced"),
-     ([-0.1, -0.12, -0.11], 0.0, ">", "not reproduced"),
-     ([0.1, -0.12, 0.05], 0.0, ">", "inconclusive"),
-     ([0.01, 0.02, 0.015], 0.03, "<", "reproduced"),
-     ([0.05, 0.06, 0.055], 0.03, "<", "not reproduced"),
-     ([0.5], 0.0, ">", "inconclusive"),
-     ([0.5, 0.5], 0.0, ">", "inconclusive"),
-     ([0.5, float("nan"), 0.6], 0.0, ">", "inconclusive")],
-)  # fmt: skip
+    [
+        ([0.1, 0.12, 0.11], 0.0, ">", "reproduced"),
+        ([-0.1, -0.12, -0.11], 0.0, ">", "not reproduced"),
+        ([0.1, -0.12, 0.05], 0.0, ">", "inconclusive"),
+        ([0.01, 0.02, 0.015], 0.03, "<", "reproduced"),
+        ([0.05, 0.06, 0.055], 0.03, "<", "not reproduced"),
+        ([0.5], 0.0, ">", "inconclusive"),
+        ([0.5, 0.5], 0.0, ">", "inconclusive"),
+        ([0.5, float("nan"), 0.6], 0.0, ">", "inconclusive"),
+    ],
+)
 def test_decide(values, threshold, direction, verdict):
     assert cl.decide(values, threshold, direction)[0] == verdict
 
@@ -366,8 +382,18 @@ def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
 
 
 def test_probes_record_only_inside_a_trace():
-    cfg = NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
-                   mlp_hidden=16, input_kind="vector", num_elements=5, num_cls=1, num_outputs=1)  # fmt: skip
+    cfg = NIConfig(
+        dim=16,
+        type_dim=4,
+        num_functions=3,
+        num_iterations=2,
+        num_heads=2,
+        mlp_hidden=16,
+        input_kind="vector",
+        num_elements=5,
+        num_cls=1,
+        num_outputs=1,
+    )
     model = NeuralInterpreter(cfg).eval()
     x = torch.rand(4, 5)
     with torch.no_grad():
@@ -403,12 +429,22 @@ def test_every_experiment_has_the_harness_parts(name):
 #: What each experiment's gpu dry run must build, and what may get no gradient at initialisation.
 DRY_RUNS = {
     "fuzzy_boolean": ({"NI (pretraining)"}, False),
-    "digits": ({"NI (pretraining)", "ViT (pretraining)", "ViT (parameter-matched) (pretraining)"},
-               False),
-    "tiny_imagenet": ({"Perceiver IO", "NAC (scale_free)", "NAC (planted_partition)",
-                       "NAC (ring_of_cliques)", "NAC (erdos_renyi)"}, False),
+    "digits": (
+        {"NI (pretraining)", "ViT (pretraining)", "ViT (parameter-matched) (pretraining)"},
+        False,
+    ),
+    "tiny_imagenet": (
+        {
+            "Perceiver IO",
+            "NAC (scale_free)",
+            "NAC (planted_partition)",
+            "NAC (ring_of_cliques)",
+            "NAC (erdos_renyi)",
+        },
+        False,
+    ),
     "stacked_mnist": ({"CNN", "NFM(CNN)"}, True),  # gamma = 0 at first: the NFM reads are silent
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

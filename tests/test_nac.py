@@ -12,8 +12,18 @@ from modnets.utils import count_parameters
 
 
 def tiny(**kw) -> NACConfig:
-    base = dict(input_dim=6, num_outputs=3, dim=16, num_layers=2, num_processors=8,
-                num_readouts=3, num_heads=2, ffn_hidden=24, sig_dim=4, code_dim=8)  # fmt: skip
+    base = dict(
+        input_dim=6,
+        num_outputs=3,
+        dim=16,
+        num_layers=2,
+        num_processors=8,
+        num_readouts=3,
+        num_heads=2,
+        ffn_hidden=24,
+        sig_dim=4,
+        code_dim=8,
+    )
     base.update(kw)
     return NACConfig(**base)
 
@@ -164,8 +174,13 @@ def test_signatures_alone_can_meet_a_scale_free_prior():
 
     for truncation in (0.9, None):
         torch.manual_seed(0)
-        cfg = tiny(num_processors=64, sig_dim=16, prior="scale_free", truncation=truncation,
-                   straight_through=True)  # fmt: skip
+        cfg = tiny(
+            num_processors=64,
+            sig_dim=16,
+            prior="scale_free",
+            truncation=truncation,
+            straight_through=True,
+        )
         model = NeuralAttentiveCircuit(cfg)
         # untruncated, epsilon is kept at 1: the floor of NAC eq. 2 is exp(-(1 + 1/(U-1)) / epsilon)
         params = [model.generator.signatures] + ([model.bandwidth] if truncation else [])
@@ -238,8 +253,14 @@ def test_nac_simulates_perceiver_io():
     assert cfg.kernel == "dense" and cfg.alpha == 0.0 and cfg.num_readouts == 1
     # a NAC with the same weights but a learned kernel and alpha = 0.1 does not
     other = NeuralAttentiveCircuit(tiny(activation="geglu", read_in_heads=2)).eval()
-    other.load_state_dict({k: v for k, v in nac.state_dict().items() if k in other.state_dict()
-                           and other.state_dict()[k].shape == v.shape}, strict=False)  # fmt: skip
+    other.load_state_dict(
+        {
+            k: v
+            for k, v in nac.state_dict().items()
+            if k in other.state_dict() and other.state_dict()[k].shape == v.shape
+        },
+        strict=False,
+    )
     assert not torch.allclose(other(x), pio(x), atol=1e-3)
 
 
@@ -304,7 +325,7 @@ def test_gradcheck_float64():
                 num_layers=1,
                 num_outputs=2,
                 input_dim=3,
-            )  # fmt: skip
+            )
         )
         .double()
         .eval()
@@ -315,11 +336,21 @@ def test_gradcheck_float64():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("dim", 0), ("num_heads", 5), ("read_in_heads", 3), ("activation", "relu"),
-     ("kernel", "sparse"), ("generator", "auto"), ("prior", "small_world"),
-     ("temperature", 0.0), ("bandwidth", -1.0), ("initial_states", "zeros"),
-     ("eval_kernel", "mean"), ("num_processors", 2.5)],
-)  # fmt: skip
+    [
+        ("dim", 0),
+        ("num_heads", 5),
+        ("read_in_heads", 3),
+        ("activation", "relu"),
+        ("kernel", "sparse"),
+        ("generator", "auto"),
+        ("prior", "small_world"),
+        ("temperature", 0.0),
+        ("bandwidth", -1.0),
+        ("initial_states", "zeros"),
+        ("eval_kernel", "mean"),
+        ("num_processors", 2.5),
+    ],
+)
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})

@@ -348,8 +348,9 @@ def test_later_passes_read_earlier_passes():
 def test_parameters_per_pass_or_shared():
     blocks = conv_blocks()
     n_block = sum(p.numel() for b in blocks for p in b.parameters())
-    shared = NFMNetwork(conv_blocks(), (3, 4, 5, 6), passes=3, share_blocks=True,
-                        share_attention=True)  # fmt: skip
+    shared = NFMNetwork(
+        conv_blocks(), (3, 4, 5, 6), passes=3, share_blocks=True, share_attention=True
+    )
     per_pass = NFMNetwork(blocks, (3, 4, 5, 6), passes=3)
     n_attn = sum(p.numel() for p in shared.attention.parameters())
     assert sum(p.numel() for p in shared.parameters()) == n_block + n_attn
@@ -497,8 +498,14 @@ def test_reader_projections_equal_the_writers_when_copied_from_them():
     dims = (3, 4, 5, 6)
     writer = NFMNetwork(conv_blocks(dims), dims, passes=2, share_attention=True, top_k=2)
     _open_gates(writer)
-    reader = NFMNetwork(copy.deepcopy(conv_blocks(dims)), dims, passes=2, share_attention=True,
-                        projections="reader", top_k=2)  # fmt: skip
+    reader = NFMNetwork(
+        copy.deepcopy(conv_blocks(dims)),
+        dims,
+        passes=2,
+        share_attention=True,
+        projections="reader",
+        top_k=2,
+    )
     reader.blocks.load_state_dict(writer.blocks.state_dict())
     with torch.no_grad():
         for i, r in enumerate(reader.attention[0]):

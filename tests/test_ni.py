@@ -13,10 +13,20 @@ from modnets.nn import random_signatures
 
 def tiny_config(**kw):
     base = dict(
-        dim=16, code_dim=8, type_dim=4, num_functions=3, num_scripts=2, num_iterations=2,
-        num_locs=2, num_heads=2, truncation=1.5, input_kind="vector", num_elements=5,
-        num_cls=2, num_outputs=3,
-    )  # fmt: skip
+        dim=16,
+        code_dim=8,
+        type_dim=4,
+        num_functions=3,
+        num_scripts=2,
+        num_iterations=2,
+        num_locs=2,
+        num_heads=2,
+        truncation=1.5,
+        input_kind="vector",
+        num_elements=5,
+        num_cls=2,
+        num_outputs=3,
+    )
     base.update(kw)
     return modnets.NIConfig(**base)
 
@@ -273,8 +283,10 @@ def test_modattn_fused_projects_q_k_v_in_one_product():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for x in (torch.randn(B, U, T, 8, dtype=torch.float64),
-                  torch.randn(U, B, T, 8, dtype=torch.float64).movedim(0, 1)):  # fmt: skip
+        for x in (
+            torch.randn(B, U, T, 8, dtype=torch.float64),
+            torch.randn(U, B, T, 8, dtype=torch.float64).movedim(0, 1),
+        ):
             got = attn.project(x, codes)
             for g, proj, scale in zip(got, (attn.query, attn.key, attn.value), scales, strict=True):
                 want = scale * attn._heads(proj(x, codes[:, None, :])).transpose(2, 3)
@@ -516,9 +528,17 @@ def test_anytime_inference_and_routing_introspection():
 
 def test_image_model_shapes_and_vit_baseline():
     cfg = modnets.NIConfig(
-        dim=24, type_dim=4, num_functions=2, num_iterations=2, num_heads=3, image_size=8,
-        patch_size=4, in_channels=1, num_cls=3, num_outputs=10,
-    )  # fmt: skip
+        dim=24,
+        type_dim=4,
+        num_functions=2,
+        num_iterations=2,
+        num_heads=3,
+        image_size=8,
+        patch_size=4,
+        in_channels=1,
+        num_cls=3,
+        num_outputs=10,
+    )
     x = torch.randn(2, 1, 8, 8)
     for kind in modnets.models.MODELS:
         model = modnets.build_model(kind, cfg)
@@ -532,8 +552,16 @@ def test_image_model_shapes_and_vit_baseline():
 
 def test_gradcheck_tiny_model_float64():
     torch.manual_seed(0)
-    cfg = tiny_config(dim=8, code_dim=4, num_heads=2, num_scripts=1, num_locs=1, num_cls=1,
-                      num_elements=3, truncation=2.0)  # fmt: skip
+    cfg = tiny_config(
+        dim=8,
+        code_dim=4,
+        num_heads=2,
+        num_scripts=1,
+        num_locs=1,
+        num_cls=1,
+        num_elements=3,
+        truncation=2.0,
+    )
     model = modnets.NeuralInterpreter(cfg).double()
     x = torch.rand(2, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: model(v), (x,), atol=1e-5)
@@ -679,9 +707,19 @@ def test_modattn_bias_enters_the_logits_before_the_softmax(fused):
 
 def test_relative_positions_are_the_nis_only_source_of_position():
     torch.manual_seed(0)
-    cfg = modnets.NIConfig(dim=16, type_dim=4, num_functions=3, num_iterations=2, num_heads=2,
-                   image_size=8, patch_size=4, in_channels=1, num_cls=1, num_outputs=3,
-                   positional="relative")  # fmt: skip
+    cfg = modnets.NIConfig(
+        dim=16,
+        type_dim=4,
+        num_functions=3,
+        num_iterations=2,
+        num_heads=2,
+        image_size=8,
+        patch_size=4,
+        in_channels=1,
+        num_cls=1,
+        num_outputs=3,
+        positional="relative",
+    )
     model = modnets.NeuralInterpreter(cfg).eval()
     assert model.tokenizer.pos is None  # no absolute positions
     x = torch.randn(2, 1, 8, 8)

@@ -35,10 +35,20 @@ def finite_forward_backward(model, x, **kw):
 def test_nac_is_finite_at_extremes(temperature, bandwidth, batch, tokens, eval_kernel, train):
     torch.manual_seed(0)
     cfg = modnets.NACConfig(
-        input_dim=5, num_outputs=3, dim=8, num_layers=2, num_processors=5, num_readouts=2,
-        num_heads=2, ffn_hidden=8, sig_dim=3, code_dim=4, temperature=temperature,
-        bandwidth=bandwidth, eval_kernel=eval_kernel,
-    )  # fmt: skip
+        input_dim=5,
+        num_outputs=3,
+        dim=8,
+        num_layers=2,
+        num_processors=5,
+        num_readouts=2,
+        num_heads=2,
+        ffn_hidden=8,
+        sig_dim=3,
+        code_dim=4,
+        temperature=temperature,
+        bandwidth=bandwidth,
+        eval_kernel=eval_kernel,
+    )
     model = modnets.NeuralAttentiveCircuit(cfg).train(train)
     finite_forward_backward(model, torch.randn(batch, tokens, 5))
     assert torch.isfinite(model.graph_loss())
@@ -66,7 +76,7 @@ def test_ni_is_finite_at_extremes(truncation, batch, straight_through, residual)
         truncation=truncation,
         straight_through=straight_through,
         residual=residual,
-    )  # fmt: skip  (a 4x4 image with 4x4 patches: a single token plus the CLS token)
+    )  # a 4x4 image with 4x4 patches: a single token plus the CLS token
     model = modnets.NeuralInterpreter(cfg)
     finite_forward_backward(model, torch.randn(batch, 3, 4, 4))
 
@@ -93,8 +103,18 @@ def test_skmdpa_is_finite_whatever_is_masked(rows, masked, temperature):
 
 def test_bf16_autocast_is_finite():
     torch.manual_seed(0)
-    cfg = modnets.NACConfig(input_dim=5, num_outputs=3, dim=8, num_layers=1, num_processors=4,
-                            num_readouts=2, num_heads=2, ffn_hidden=8, sig_dim=3, code_dim=4)  # fmt: skip
+    cfg = modnets.NACConfig(
+        input_dim=5,
+        num_outputs=3,
+        dim=8,
+        num_layers=1,
+        num_processors=4,
+        num_readouts=2,
+        num_heads=2,
+        ffn_hidden=8,
+        sig_dim=3,
+        code_dim=4,
+    )
     model = modnets.NeuralAttentiveCircuit(cfg)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = finite_forward_backward(model, torch.randn(2, 3, 5))

@@ -39,8 +39,9 @@ def test_workflow_builds_at_cpu_with_the_makefile_and_deploys_to_pages():
     assert any(u.startswith("actions/setup-python@") for u in uses)
     # every `make X` names a target of the Makefile, and the book is built by `make book`
     targets = _make_targets()
-    called = [shlex.split(line)[1] for line in _run_lines(build)
-              if line.strip().startswith("make ")]  # fmt: skip
+    called = [
+        shlex.split(line)[1] for line in _run_lines(build) if line.strip().startswith("make ")
+    ]
     assert "book" in called and set(called) <= targets, (called, targets)
     # the execution cache of _config.yml survives between runs
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
@@ -48,8 +49,9 @@ def test_workflow_builds_at_cpu_with_the_makefile_and_deploys_to_pages():
     assert config["execute"]["execute_notebooks"] == "cache"
     assert config["execute"]["cache"] in cache["with"]["path"].split()
     # build -> artifact -> deploy
-    (upload,) = [s for s in build["steps"]
-                 if s.get("uses", "").startswith("actions/upload-pages-artifact@")]  # fmt: skip
+    (upload,) = [
+        s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")
+    ]
     assert upload["with"]["path"] == "_build/html"
     assert deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
     assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"])

@@ -159,7 +159,10 @@ def test_unnamed_equation_check_can_fail():
 
 
 def test_every_equation_reference_names_its_paper():
-    files = [*(ROOT / "modnets").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb"),
-             *(ROOT / "notebooks").glob("*.py")]  # fmt: skip
+    files = [
+        *(ROOT / "modnets").rglob("*.py"),
+        *(ROOT / "notebooks").glob("*.ipynb"),
+        *(ROOT / "notebooks").glob("*.py"),
+    ]
     bad = {f.name: lines for f in files if (lines := unnamed_equation_references(f.read_text()))}
     assert not bad, f"equation references without their paper (NI/NAC/NFM eq. N): {bad}"

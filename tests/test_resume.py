@@ -25,7 +25,7 @@ CONFIG = dataclasses.replace(
     max_val_per_class=None,
     augment="smoke",
     nac_train=dataclasses.replace(SMOKE.nac_train, epochs=3, batch_size=4, lr=1e-2),
-)  # fmt: skip  (13 training images: 3 steps per epoch, 9 in all)
+)  # 13 training images: 3 steps per epoch, 9 in all
 SEED = 0
 
 

@@ -94,9 +94,13 @@ def test_threshold_kernel_and_gradcheck():
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"num_heads": 0}, "num_heads"), ({"bandwidth": 0}, "bandwidth"), ({"temperature": -1}, "temperature"),
-     ({"eval_kernel": "mean"}, "eval_kernel")],
-)  # fmt: skip
+    [
+        ({"num_heads": 0}, "num_heads"),
+        ({"bandwidth": 0}, "bandwidth"),
+        ({"temperature": -1}, "temperature"),
+        ({"eval_kernel": "mean"}, "eval_kernel"),
+    ],
+)
 def test_bad_arguments(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SKMDPA(**kwargs)

@@ -45,8 +45,9 @@ def test_canvases_hold_n_distinct_visible_digits(n):
     assert data.digits.shape == (64, n) and data.positions.shape == (64, n, 2)
     assert (data.targets.sum(1) == n).all()  # distinct classes: exactly n labels
     small = downsample(images)
-    for canvas, digits, pos, target in zip(data.images[:, 0], data.digits, data.positions,
-                                           data.targets, strict=True):  # fmt: skip
+    for canvas, digits, pos, target in zip(
+        data.images[:, 0], data.digits, data.positions, data.targets, strict=True
+    ):
         assert torch.equal(target.nonzero().flatten().sort().values, digits.sort().values)
         covered = torch.zeros(64, 64, dtype=torch.bool)
         for d, (r, c) in zip(digits.tolist(), pos.tolist(), strict=True):
@@ -86,15 +87,24 @@ def test_bad_arguments():
 SMOKE = sm.CONFIGS["smoke"]
 TINY = dataclasses.replace(
     SMOKE,
-    train=dataclasses.replace(SMOKE.train, train_per_count=16, val_per_count=8, val_images=100,
-                              width=2, optim=dataclasses.replace(SMOKE.train.optim, epochs=2,
-                                                                 batch_size=8),
-                              finetune_epochs=0),
-    test_per_count=8, read_canvases=8, probe_canvases=4, dip_pools=(),
-)  # fmt: skip
+    train=dataclasses.replace(
+        SMOKE.train,
+        train_per_count=16,
+        val_per_count=8,
+        val_images=100,
+        width=2,
+        optim=dataclasses.replace(SMOKE.train.optim, epochs=2, batch_size=8),
+        finetune_epochs=0,
+    ),
+    test_per_count=8,
+    read_canvases=8,
+    probe_canvases=4,
+    dip_pools=(),
+)
 # the cpu profile's protocol: the CNN first, then both models from it; the max head beside
-TINY_FT = dataclasses.replace(TINY, train=dataclasses.replace(TINY.train, finetune_epochs=1),
-                              dip_pools=("max",))  # fmt: skip
+TINY_FT = dataclasses.replace(
+    TINY, train=dataclasses.replace(TINY.train, finetune_epochs=1), dip_pools=("max",)
+)
 
 
 @pytest.fixture
@@ -114,8 +124,9 @@ def test_data_splits(env):
     assert data["test"][5].num_digits == 5
     again = sm.load_data(TINY, verify=False)
     assert torch.equal(again["train"][1].images, data["train"][1].images)
-    assert torch.equal(sm.training_data(TINY.train, verify=False)["val"][3].images,
-                       data["val"][3].images)  # fmt: skip
+    assert torch.equal(
+        sm.training_data(TINY.train, verify=False)["val"][3].images, data["val"][3].images
+    )
 
 
 def test_batches_hold_one_digit_count():
@@ -232,8 +243,9 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
         sm.train(first, data, optim, seed=0, show_progress=False, state_path=state)
     torch.manual_seed(123)  # a new process: unrelated RNG state
     second = sm.build_model("cnn", TINY.train, seed=7)  # other initial weights: all are restored
-    h_resumed = sm.train(second, data, optim, seed=0, show_progress=False, state_path=state,
-                         resume=True)  # fmt: skip
+    h_resumed = sm.train(
+        second, data, optim, seed=0, show_progress=False, state_path=state, resume=True
+    )
     for k, v in straight.state_dict().items():
         assert torch.equal(v, second.state_dict()[k]), k
     assert h_straight["step"] == [4, 8, 12]
@@ -249,8 +261,9 @@ def test_a_checkpoint_that_does_not_fit_is_retrained(env):
     other = sm.build_model("cnn", dataclasses.replace(TINY.train, width=3)).state_dict()
     torch.save({"format": "modnets-model-v2", "model": other, "history": {}}, path)
     with pytest.warns(UserWarning, match="retraining"):
-        again, history = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False,
-                                          verify=False)  # fmt: skip
+        again, history = sm.trained_model(
+            "cnn", TINY, 0, data, "cpu", show_progress=False, verify=False
+        )
     assert history["epoch"] == [1, 2]  # trained again, to the same weights
     for x, y in zip(first.state_dict().values(), again.state_dict().values(), strict=True):
         torch.testing.assert_close(x, y)
@@ -264,20 +277,39 @@ def test_a_checkpoint_that_does_not_fit_is_retrained(env):
 
 def _made_up(accuracy: dict) -> dict:
     """Results with ``accuracy[name][count]`` = exact-match accuracy per seed."""
-    models = {name: {"per_seed": [{"test": {str(c): {"exact": v[i]} for c, v in by_count.items()}}
-                                  for i in range(3)]}
-              for name, by_count in accuracy.items()}  # fmt: skip
-    return {"config": {"test_counts": [1, 2, 3, 4, 5], "train": {"train_counts": [1, 3]}},
-            "models": models}  # fmt: skip
+    models = {
+        name: {
+            "per_seed": [
+                {"test": {str(c): {"exact": v[i]} for c, v in by_count.items()}} for i in range(3)
+            ]
+        }
+        for name, by_count in accuracy.items()
+    }
+    return {
+        "config": {"test_counts": [1, 2, 3, 4, 5], "train": {"train_counts": [1, 3]}},
+        "models": models,
+    }
 
 
 def test_claims_compute_every_verdict_from_made_up_results():
-    results = _made_up({
-        "CNN": {1: [0.99] * 3, 2: [0.70, 0.75, 0.72], 3: [0.88, 0.87, 0.89],
-                4: [0.40, 0.42, 0.41], 5: [0.60, 0.62, 0.61]},
-        "NFM(CNN)": {1: [0.99] * 3, 2: [0.85, 0.88, 0.86], 3: [0.88, 0.87, 0.89],
-                     4: [0.30, 0.33, 0.31], 5: [0.90, 0.91, 0.92]},
-    })  # fmt: skip
+    results = _made_up(
+        {
+            "CNN": {
+                1: [0.99] * 3,
+                2: [0.70, 0.75, 0.72],
+                3: [0.88, 0.87, 0.89],
+                4: [0.40, 0.42, 0.41],
+                5: [0.60, 0.62, 0.61],
+            },
+            "NFM(CNN)": {
+                1: [0.99] * 3,
+                2: [0.85, 0.88, 0.86],
+                3: [0.88, 0.87, 0.89],
+                4: [0.30, 0.33, 0.31],
+                5: [0.90, 0.91, 0.92],
+            },
+        }
+    )
     claims = {c.id: c for c in sm.claims(results)}
     assert list(claims) == ["table5-2", "table5-4", "table5-5", "table5-interaction"]
     assert claims["table5-2"].verdict == "reproduced"
@@ -350,8 +382,9 @@ def test_training_history_tracks_each_reads_gamma(env):
     best = gammas[history["best_epoch"] - 1]  # the model is its best validation epoch's
     assert best == net.gammas() and any(abs(v) > 0 for v in best)  # and its gates moved
     assert net.gammas()[1] == net.attn(0, 1).gamma.item()  # pass-major order
-    _, cnn_history = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False,
-                                      verify=False)  # fmt: skip
+    _, cnn_history = sm.trained_model(
+        "cnn", TINY, 0, data, "cpu", show_progress=False, verify=False
+    )
     assert "val_gamma" not in cnn_history
 
 
@@ -381,13 +414,19 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
 
     monkeypatch.setattr(sm, "train", recording)
     data = sm.training_data(TINY_FT.train, verify=False)
-    nfm, hist = sm.trained_model("nfm", TINY_FT, 0, data, "cpu", show_progress=False,
-                                 verify=False)  # fmt: skip
-    cnn, cnn_hist = sm.trained_model("cnn", TINY_FT, 0, data, "cpu", show_progress=False,
-                                     verify=False)  # fmt: skip
+    nfm, hist = sm.trained_model("nfm", TINY_FT, 0, data, "cpu", show_progress=False, verify=False)
+    cnn, cnn_hist = sm.trained_model(
+        "cnn", TINY_FT, 0, data, "cpu", show_progress=False, verify=False
+    )
     # pretraining (2 epochs) once, then the two finetunings (1 epoch each) from its end
-    assert [(e, n) for e, n, _ in starts] == [(2, False), ("end", False), (1, True),
-                                              ("end", True), (1, False), ("end", False)]  # fmt: skip
+    assert [(e, n) for e, n, _ in starts] == [
+        (2, False),
+        ("end", False),
+        (1, True),
+        ("end", True),
+        (1, False),
+        ("end", False),
+    ]
     pretrained = starts[1][2]
     torch.testing.assert_close(starts[2][2], pretrained, rtol=0, atol=1e-6)  # gamma = 0
     torch.testing.assert_close(starts[4][2], pretrained, rtol=0, atol=0)

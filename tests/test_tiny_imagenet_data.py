@@ -251,9 +251,14 @@ def test_mixup_and_cutmix_soft_targets_match_the_images():
     y = torch.arange(n)
     for kind in ("mixup", "cutmix"):
         aug = TinyImageNetAugment(
-            "cpu", size=32, scale=(1.0, 1.0), flip=False, normalize=False,
-            num_classes=classes, **{kind: 1.0},
-        )  # fmt: skip
+            "cpu",
+            size=32,
+            scale=(1.0, 1.0),
+            flip=False,
+            normalize=False,
+            num_classes=classes,
+            **{kind: 1.0},
+        )
         torch.manual_seed(3)
         out, soft = aug(x, y)
         assert soft.shape == (n, classes)

@@ -17,12 +17,16 @@ from modnets.nac import NeuralAttentiveCircuit
 
 SMOKE = ti.CONFIGS["smoke"]
 TRAIN = dataclasses.replace(
-    SMOKE.train, classes=3, max_train_per_class=5, max_val_per_class=None,
+    SMOKE.train,
+    classes=3,
+    max_train_per_class=5,
+    max_val_per_class=None,
     nac_train=dataclasses.replace(SMOKE.train.nac_train, batch_size=4),
     pio_train=dataclasses.replace(SMOKE.train.pio_train, batch_size=4),
-)  # fmt: skip
-TINY = dataclasses.replace(SMOKE, train=TRAIN, drop_fractions=(0.0, 0.5, 0.9),
-                           edge_fractions=(0.0, 1.0))  # fmt: skip
+)
+TINY = dataclasses.replace(
+    SMOKE, train=TRAIN, drop_fractions=(0.0, 0.5, 0.9), edge_fractions=(0.0, 1.0)
+)
 
 
 @pytest.fixture
@@ -59,8 +63,9 @@ def test_run_trains_checkpoints_and_reloads(env):
         len(diag[0]["links_trained"]["q"]) == 8 and len(diag[0]["links_init"]["q"]) == 8
     )  # mediators
     assert [c["id"] for c in first["claims"]] == list(EXPERIMENT_RULES["tiny_imagenet"])
-    assert {"mean_offdiagonal_P", "q_cv", "prior_density", "q_prior_spearman",
-            "bandwidth"} <= set(diag[0]["links_trained"])  # fmt: skip
+    assert {"mean_offdiagonal_P", "q_cv", "prior_density", "q_prior_spearman", "bandwidth"} <= set(
+        diag[0]["links_trained"]
+    )
     assert len(list((env / "ckpt").glob("tiny_imagenet-*[0-9a-f].pt"))) == 4  # 2 models x 2 seeds
     assert not list((env / "ckpt").glob("*.train.pt"))  # finished models replace their states
     json.dumps(first)  # plain JSON
@@ -92,8 +97,14 @@ def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypat
     ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)  # loads: no training
     assert len(calls) == 1
     # a checkpoint of another model (other shapes)
-    torch.save({"format": harness.CHECKPOINT_FORMAT, "model": {"tokenizer.pos": torch.zeros(3)},
-                "history": {}}, path)  # fmt: skip
+    torch.save(
+        {
+            "format": harness.CHECKPOINT_FORMAT,
+            "model": {"tokenizer.pos": torch.zeros(3)},
+            "history": {},
+        },
+        path,
+    )
     with pytest.warns(UserWarning, match="retraining"):
         again, h = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
     assert len(calls) == 2 and h["step"] == history["step"]

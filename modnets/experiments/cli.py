@@ -28,8 +28,10 @@ def format_claims(results: dict) -> str:
     lines = ["claims:"]
     for c in results["claims"]:
         reason = f" ({c['reason']})" if c.get("reason") else ""
-        lines.append(f"  [{c['verdict']}] {c['id']}: {c['text']} -- ours {c['ours']}; "
-                     f"paper {c['paper']}{reason}")  # fmt: skip
+        lines.append(
+            f"  [{c['verdict']}] {c['id']}: {c['text']} -- ours {c['ours']}; "
+            f"paper {c['paper']}{reason}"
+        )
     return "\n".join(lines)
 
 
@@ -44,18 +46,22 @@ def _unwritable(folder: Path) -> str | None:
     return None
 
 
-def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], doc: str,
-                    argv: list[str] | None = None) -> None:  # fmt: skip
+def experiment_main(
+    run: Callable[..., dict],
+    summary: Callable[[dict], str],
+    doc: str,
+    argv: list[str] | None = None,
+) -> None:
     """Parse the command line, run the experiment, print ``summary(results)`` and the claims,
     write the JSON."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="train even if a checkpoint exists")  # fmt: skip
+    parser.add_argument("--no-cache", action="store_true", help="train even if a checkpoint exists")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue interrupted training from its checkpoints")  # fmt: skip
+    parser.add_argument(
+        "--resume", action="store_true", help="continue interrupted training from its checkpoints"
+    )
     args = parser.parse_args(argv)
     # where the run will write, checked before it trains for hours
     folders = {"--out": args.out.parent if args.out is not None else None}
@@ -68,8 +74,12 @@ def experiment_main(run: Callable[..., dict], summary: Callable[[dict], str], do
             parser.error(f"{what}: cannot write to {folder} ({problem})")
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
-        results = run(profile=args.profile, show_progress=not args.quiet, resume=args.resume,
-                      cache=not args.no_cache)  # fmt: skip
+        results = run(
+            profile=args.profile,
+            show_progress=not args.quiet,
+            resume=args.resume,
+            cache=not args.no_cache,
+        )
         if distributed.is_main():
             print(summary(results))
             print(format_claims(results))

@@ -208,8 +208,11 @@ def _plain(obj, for_key: bool = False):
     """A configuration as plain JSON types (dataclasses, tuples, paths). ``for_key`` leaves out
     the dataclass fields marked ``metadata={"key": False}`` (they do not change the weights)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name), for_key) for f in dataclasses.fields(obj)
-                if not (for_key and f.metadata.get("key", True) is False)}  # fmt: skip
+        return {
+            f.name: _plain(getattr(obj, f.name), for_key)
+            for f in dataclasses.fields(obj)
+            if not (for_key and f.metadata.get("key", True) is False)
+        }
     if isinstance(obj, dict):
         return {str(k): _plain(v, for_key) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -239,18 +242,38 @@ def checkpoint_key(name: str, train_config, seed: int, data: str, code: str) -> 
     the source of its dataclasses), the seed and the data and code fingerprints."""
     classes = sorted({c for c in _config_classes(train_config)}, key=lambda c: c.__qualname__)
     sources = [inspect.getsource(c) for c in classes]
-    blob = json.dumps({"name": name, "train": _plain(train_config, for_key=True), "seed": seed,
-                       "data": data, "code": code, "config_code": sources},
-                      sort_keys=True, default=str)  # fmt: skip
+    blob = json.dumps(
+        {
+            "name": name,
+            "train": _plain(train_config, for_key=True),
+            "seed": seed,
+            "data": data,
+            "code": code,
+            "config_code": sources,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- load or train
 
 
-def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Module],
-                  train: Callable[..., dict], *, code: Sequence, data: str, device=None,
-                  cache: bool = True, resume: bool = False, extra: bool = False) -> tuple:  # fmt: skip
+def load_or_train(
+    name: str,
+    train_config,
+    seed: int,
+    build: Callable[[], nn.Module],
+    train: Callable[..., dict],
+    *,
+    code: Sequence,
+    data: str,
+    device=None,
+    cache: bool = True,
+    resume: bool = False,
+    extra: bool = False,
+) -> tuple:
     """The trained model ``name`` at ``seed``: loaded from its checkpoint, or trained and saved.
 
     ``build()`` makes the untrained model (called after seeding with ``seed``);
@@ -284,16 +307,23 @@ def load_or_train(name: str, train_config, seed: int, build: Callable[[], nn.Mod
             model.load_state_dict(state["model"])
             return (model, state["history"], state["extra"]) if extra else (model, state["history"])
         except Exception as err:  # truncated, foreign, or another shape: train afresh
-            warnings.warn(f"checkpoint {path} does not fit this model ({str(err)[:200]}); "
-                          "retraining", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"checkpoint {path} does not fit this model ({str(err)[:200]}); retraining",
+                stacklevel=2,
+            )
             model = fresh()
     state_path = path.with_suffix(".train.pt") if cache else None
     seed_everything(seed)
     history = train(model, state_path, resume)
     history, kept = history if extra else (history, None)
     if cache and distributed.is_main():
-        state = {"format": CHECKPOINT_FORMAT, "name": name, "key": key,
-                 "model": model.state_dict(), "history": history}  # fmt: skip
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "name": name,
+            "key": key,
+            "model": model.state_dict(),
+            "history": history,
+        }
         save_checkpoint({**state, "extra": kept} if extra else state, path)
         state_path.unlink(missing_ok=True)  # the finished model replaces its training state
     distributed.barrier()
@@ -512,19 +542,30 @@ def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
             raise AssertionError(f"{module.__name__} {part.name}: loss {loss} is not finite")
         loss.backward()
         missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-        zero = [n for n, p in model.named_parameters()
-                if p.requires_grad and p.grad is not None and not p.grad.any()]  # fmt: skip
+        zero = [
+            n
+            for n, p in model.named_parameters()
+            if p.requires_grad and p.grad is not None and not p.grad.any()
+        ]
         unexplained = [n for n in missing + zero if not any(k in n for k in allowed)]
         if unexplained:
-            raise AssertionError(f"{module.__name__} {part.name}: no gradient reaches "
-                                 f"{unexplained[:8]} ({len(unexplained)} parameters)")  # fmt: skip
-        bad = [n for n, p in model.named_parameters()
-               if p.grad is not None and not torch.isfinite(p.grad).all()]  # fmt: skip
+            raise AssertionError(
+                f"{module.__name__} {part.name}: no gradient reaches "
+                f"{unexplained[:8]} ({len(unexplained)} parameters)"
+            )
+        bad = [
+            n
+            for n, p in model.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()
+        ]
         if bad:
             raise AssertionError(
                 f"{module.__name__} {part.name}: non-finite gradients in {bad[:8]}"
             )
-        report[part.name] = {"loss": loss.item(), "zero_grad": missing + zero,
-                             "parameters": sum(p.numel() for p in model.parameters()),
-                             "seconds": time.perf_counter() - t0}  # fmt: skip
+        report[part.name] = {
+            "loss": loss.item(),
+            "zero_grad": missing + zero,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "seconds": time.perf_counter() - t0,
+        }
     return report
