@@ -646,3 +646,138 @@ display(
 #   experiment from the command line and prints the same claims.
 #
 # Next, chapter 6 takes Neural Interpreters to images: multi-task digits and few-shot adaptation to K-MNIST.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **How far from multilinear?** A minterm $m_k(x)$ is multilinear: each variable enters it
+#    once, as $x_j$ or $1 - x_j$. Fit each of the first seed's new functions by least squares on
+#    the 32 multilinear monomials $\prod_{j \in S} x_j$, $S \subseteq \{1, \dots, 5\}$, using the
+#    adaptation training points, and compute its $R^2$ on the validation points. Why is the fit
+#    not exact, and where does it stand beside the rows of NI Table 1, the paper's and ours?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A minterm is a product of five numbers in $[0, 1]$, $1/32$ on average, so the fuzzy *or* of
+# several is close to their sum: $1 - \prod_k (1 - m_k) \approx \sum_k m_k$, which is
+# multilinear. The products of minterms that the *or* adds hold $x_j^2$ and higher powers, which
+# none of the 32 monomials can represent. Expect an $R^2$ near 0.99 from 32 numbers per function
+# found in closed form: about the paper's re-routing (.9857), below its full finetuning (.9953).
+#
+# ```python
+# from modnets.training import r2_score
+#
+# _, new, _ = fb.load_data(fb.task_for(chosen_train, config.seeds[0]))
+#
+#
+# def monomials(x):  # the 32 products of distinct variables, the empty one first
+#     n = x.shape[1]
+#     subsets = [s for k in range(n + 1) for s in itertools.combinations(range(n), k)]
+#     return torch.stack([x[:, list(s)].prod(1) for s in subsets], 1).double()
+#
+#
+# w = torch.linalg.lstsq(monomials(new.x_train), new.y_train.double()).solution
+# r2 = r2_score(monomials(new.x_val) @ w, new.y_val.double())
+# print(f"least squares: R² {r2.mean():.4f} (lowest {r2.min():.4f})")
+# print({k: round(models[k]["mean_r2"]["mean"], 4) for k in fb.REGIMES})
+# ```
+# :::
+#
+# 2. **What the old functions say about the new ones.** Re-routing can only reuse what
+#    pretraining learned. As a measure of what a new function shares with the old ones, fit it by
+#    least squares on a constant and the values of the 20 pretraining functions (the exact
+#    functions, not the model), and compute the validation $R^2$. Do it for both families,
+#    `truth_tables` and `formulas` (`dataclasses.replace(chosen_train, family=...)`). Which
+#    family leaves the CLS and type regimes more to reuse?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# By exercise 1 a truth-table function is nearly a vector in the 32-dimensional space of
+# multilinear functions, and 20 random ones (with the constant) leave part of every new one
+# outside their span: expect about three quarters of the variance explained for truth tables,
+# and more than nine tenths for formulas, whose depth-1 pieces come from one shared pool. The
+# regimes do not compute linear combinations, but the part outside the span is computation that
+# pretraining never did.
+#
+# ```python
+# from modnets.training import r2_score
+#
+#
+# def features(old, x):  # a constant and the old functions' values at x
+#     return torch.cat([torch.ones(len(x), 1), old(x)], 1).double()
+#
+#
+# for family in fb.FAMILIES:
+#     t = fb.task_for(dataclasses.replace(chosen_train, family=family), config.seeds[0])
+#     _, new, functions = fb.load_data(t)
+#     old = functions[: chosen_train.num_pretrain_functions]
+#     w = torch.linalg.lstsq(features(old, new.x_train), new.y_train.double()).solution
+#     r2 = r2_score(features(old, new.x_val) @ w, new.y_val.double())
+#     print(f"{family}: R² {r2.mean():.3f} (lowest {r2.min():.3f})")
+# ```
+# :::
+#
+# 3. **Why the CLS regime cannot re-route at first.** In the routing-shift table the CLS regime's
+#    first iteration reads 0 on every seed. Show from NI eq. 2 and the tokeniser that it must be
+#    exactly 0, and that the second iteration need not be. Check it on the first seed: compare
+#    the variable tokens' types of `trained["pretrain"][0]` and `trained["cls"][0]` at each
+#    function iteration (`return_routing=True`; each model's own CLS tokens come first). Through
+#    which parameters do the other two regimes move the first iteration?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Type inference acts on each token alone (NI eq. 2). At the first iteration a variable token's
+# type depends only on its embedding, the variable's value through the tokeniser plus a
+# positional embedding, all frozen in the CLS regime, as are the signatures and $\sigma$ that
+# turn types into compatibilities (NI eq. 3). In the first iteration's attention the variable
+# tokens read the new CLS tokens, so from the second iteration on their values, and their types,
+# differ. The type regime moves the first iteration through the type-inference MLP, the
+# signatures and $\sigma$; the all regime through those and the tokeniser.
+#
+# ```python
+# x = torch.rand(256, 5)
+# with torch.no_grad():
+#     before = trained["pretrain"][0](x, return_routing=True)
+#     after = trained["cls"][0](x, return_routing=True)
+# n_pre, n_new = (trained[k][0].config.num_cls for k in ("pretrain", "cls"))
+# for i in range(before.types[0].shape[1]):  # types: (batch, iterations, tokens, d_type)
+#     t0, t1 = before.types[0][:, i, n_pre:], after.types[0][:, i, n_new:]
+#     print(f"iteration {i + 1}: largest change of a type {(t1 - t0).abs().max():.2e}")
+# ```
+# :::
+#
+# 4. **How many seeds would decide Table 1?** The claim `table1-type-beats-cls` tests the
+#    per-seed differences of mean $R^2$, type − CLS, with a one-sample t-test at 95 %. From the
+#    standard deviation $s$ of our differences, compute with `statsmodels` (`TTestPower`) the
+#    smallest difference this run detects with 80 % power, and the number of seeds that would
+#    detect the paper's .9857 − .9202. Compare with `claims.mde`, `claims.seeds_needed` and the
+#    claim's own `mde` and `seeds_needed`. Where the claim reads `not testable here`, would those
+#    seeds make it testable?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# `TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8)` returns the detectable effect in
+# units of $s$ (Cohen's $d$); times $s$ it is the minimal detectable effect. Solved for `nobs`
+# at `effect_size` $= 0.0655 / s$ and rounded up, it gives the seeds; `claims.seeds_needed`
+# finds the same number by bisection. A claim outside the regime keeps these numbers, but more
+# seeds only narrow the interval: the claim presupposes a pretraining that fits its functions
+# (`fb.REGIME_R2`), and seeds cannot buy that.
+#
+# ```python
+# import math
+#
+# from statsmodels.stats.power import TTestPower
+#
+# from modnets.experiments import claims
+#
+# r2 = {k: [s["mean_r2"] for s in models[k]["per_seed"]] for k in ("type", "cls")}
+# diff = torch.tensor(r2["type"]) - torch.tensor(r2["cls"])
+# n, s, effect = len(diff), diff.std().item(), 0.9857 - 0.9202
+# d = TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8)
+# need = TTestPower().solve_power(effect_size=effect / s, alpha=0.05, power=0.8)
+# print(f"mde {float(d) * s:.4f}, seeds {math.ceil(need)}")
+# print(f"claims: mde {claims.mde(s, n):.4f}, seeds {claims.seeds_needed(effect, s)}")
+# claim = next(c for c in results["claims"] if c["id"] == "table1-type-beats-cls")
+# print(f"the claim: mde {claim['mde']:.4f}, seeds {claim['seeds_needed']}")
+# ```
+# :::

@@ -667,3 +667,121 @@ print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"
 #
 # Next, chapter 7 turns to Neural Attentive Circuits and their sparse, learned connectivity:
 # stochastic kernel modulated dot-product attention.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **One function at a time.** NI Fig. 5c drops functions at random and averages over trials.
+#    For the first seed's NI, drop each function alone (the `function_mask` of `digits.evaluate`)
+#    and record what each costs in mean validation accuracy. Is the run's random drop of one a
+#    fair summary of your numbers? Does the function with the largest share of the patch tokens'
+#    routing weight (`share` in the routing diagnostics) cost the most?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A random drop of one function out of $U$ picks each with probability $1/U$: the mean of your
+# $U$ costs is what the run estimates from `config.drop_trials` draws. The shares can be nearly
+# equal while the costs are not: a share measures how much of the tokens' weight a function
+# takes, not how much the output depends on what it computes.
+#
+# ```python
+# U = ni_cfg.num_functions
+# full = np.mean(list(digits.evaluate(ni, data).values()))
+# share = np.array(results["diagnostics"]["routing_after_pretraining"][0]["share"])
+# costs = []
+# for u in range(U):
+#     mask = torch.ones(U, dtype=torch.bool, device=next(ni.parameters()).device)
+#     mask[u] = False
+#     acc = np.mean(list(digits.evaluate(ni, data, function_mask=mask).values()))
+#     costs.append(full - acc)
+#     print(f"without function {u}: -{costs[-1]:.3f}; its shares", share[:, u].round(2))
+# drop = models["ni"]["per_seed"][0]["drop"]  # {k: {dataset: accuracy per random trial}}
+# by_chance = np.mean(list(drop["0"].values())) - np.mean(list(drop["1"].values()))
+# print(f"mean cost -{np.mean(costs):.3f}; the run's random drops -{by_chance:.3f}")
+# ```
+# :::
+#
+# 2. **Where the noise comes from.** Each pretraining seed's value in the Fig. 5a claims is the
+#    mean of `config.adaptation_seeds` adaptations. Split the variance of these per-seed values
+#    into a part from adaptation (the variance between one model's adaptations, divided by their
+#    number) and a part from pretraining. Do it for the NI's accuracy at the smallest sample count
+#    and for the difference NI − ViT that `fig5a-ni-vs-vit` tests. Would more adaptation seeds,
+#    which need no pretraining, narrow that claim's interval?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A seed's value, the mean of $A$ adaptations, has variance $\sigma_p^2 + \sigma_a^2 / A$:
+# $\sigma_a^2$ is the variance between adaptations of one pretrained model, estimated by the
+# mean variance within seeds, and $\sigma_p^2$ that of the pretrained models themselves. Where
+# $\sigma_a^2 / A$ is most of the variance between seeds, more adaptation seeds narrow the
+# interval; where it is a small part, only more pretraining seeds do. The NI and the ViT adapt on
+# the same samples (`digits.adaptation_seed`); whether that makes their difference less noisy
+# than either alone is for your numbers to say. From a handful of seeds the variance between
+# seeds is itself rough, and can come out below its adaptation part.
+#
+# ```python
+# n = str(min(config.sample_counts))
+# ni_acc, vit_acc = (
+#     np.array([r["adaptation"][n] for r in models[k]["per_seed"]]) for k in ("ni", "vit")
+# )  # (pretraining seeds, adaptation seeds)
+# for name, acc in (("NI", ni_acc), ("NI - ViT", ni_acc - vit_acc)):
+#     within = acc.var(axis=1, ddof=1).mean()  # over the adaptations of one model
+#     between = acc.mean(axis=1).var(ddof=1)  # of the per-seed values the claims test
+#     adaptation = within / acc.shape[1]
+#     print(f"{name}: {between:.1e} between seeds, {adaptation:.1e} from adaptation")
+# ```
+# :::
+#
+# 3. **Holm's correction.** The paper's claims of this chapter form one family, and
+#    `verdict_holm` is each one's verdict after Holm's correction (`claims.holm`). Recompute the
+#    adjusted p-values with `statsmodels`. How small must the smallest p-value be to stay decisive
+#    when $m$ claims are tested? Can the correction ever turn an inconclusive verdict into a
+#    decisive one?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Holm sorts the $m$ p-values and multiplies the $i$-th smallest by $m - i + 1$ (keeping the
+# adjusted values in order), so the smallest must lie below $0.05 / m$ to stay decisive. Claims
+# that were not testable take no part and do not count in $m$. The correction only ever raises a
+# p-value: a decisive verdict whose adjusted p-value reaches 0.05 becomes `inconclusive`, and an
+# inconclusive one stays so.
+#
+# ```python
+# from statsmodels.stats.multitest import multipletests
+#
+# paper = [c for c in results["claims"] if c["kind"] == "paper"]
+# tested = [c for c in paper if c["verdict"] != "not testable here"]
+# tested = [c for c in tested if c["p_value"] is not None]
+# _, adjusted, _, _ = multipletests([c["p_value"] for c in tested], 0.05, "holm")
+# for c, p in zip(tested, adjusted, strict=True):
+#     print(f"{c['id']:<28} p {c['p_value']:.2g} -> {p:.2g}: {c['verdict_holm']}")
+# ```
+# :::
+#
+# 4. **MNIST's CLS token for K-MNIST.** K-MNIST gets a fresh CLS token and head;
+#    `DigitsConfig(reuse_cls="mnist")` keeps MNIST's pretrained ones instead, a choice the paper
+#    leaves open. Argue first what MNIST's token and what its head bring to K-MNIST. Then adapt
+#    the first seed's NI both ways (`digits.adapt`) at the smallest sample count, with the
+#    learning rate the run chose for it and two of the run's adaptation seeds.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The token has learned which patches to read for a handwritten character; the head maps what
+# the token reads to MNIST's ten digits, which have nothing to do with K-MNIST's ten characters,
+# so finetuning must first undo that mapping. With `reuse_cls=None` the call repeats two of the
+# run's own adaptations, and should land close to the run's values: a check of the call.
+#
+# ```python
+# import dataclasses
+#
+# n = min(config.sample_counts)
+# lr = models["ni"]["per_seed"][0]["finetune_lr"]["adaptation"]
+# seeds = [digits.adaptation_seed(config.seeds[0], a) for a in range(2)]
+# for reuse in (None, "mnist"):
+#     reused = dataclasses.replace(config, reuse_cls=reuse)
+#     acc = [digits.adapt(ni, kmnist, n, reused, seed=a, lr=lr) for a in seeds]
+#     print(f"reuse_cls={reuse}: {np.mean(acc):.3f}", np.round(acc, 3))
+# run = models["ni"]["per_seed"][0]["adaptation"][str(n)]  # one per adaptation seed
+# print("the run, fresh token:", np.round(run, 3))
+# ```
+# :::

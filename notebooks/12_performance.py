@@ -486,3 +486,141 @@ for name, r in results.items():
 #   over modules keeps the time per module low; dropping modules buys real speed.
 #
 # The next page collects every number of the book beside the paper's.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **What the FLOP counter cannot see.** Predict the FLOPs that `torch.utils.flop_counter`
+#    counts for one forward and backward pass of `nn.Linear(96, 96)` and of `ModLin(96, 96, 96)`
+#    on NI streams of shape $(16, 5, 65, 96)$ with one code per function, the generic layout of
+#    section 1. Count them, and time both with `benchmarks.median_time`. What does the comparison
+#    say about the utilisation of section 6?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# A product of an $N \times d_{in}$ input with a $d_{in} \times d_{out}$ weight costs
+# $2 N d_{in} d_{out}$ FLOPs, and the backward pass two more such products (the input's gradient
+# and the weight's): $6 N d_{in} d_{out}$ in all, 287.5 MFLOP for $N = 16 \cdot 5 \cdot 65$.
+# ModLin adds only the code projection $W_c c$ of five codes. Whatever time it takes beyond
+# `nn.Linear`'s goes to work the counter does not count: the LayerNorm of the modulations, each
+# function's scaled weight $W \operatorname{diag}(m_u)$, and summing the five functions' weight
+# gradients into one.
+# Section 6 divides counted FLOPs by the whole time, so such work lowers the utilisation without
+# appearing in it.
+#
+# ```python
+# from torch.utils.flop_counter import FlopCounterMode
+#
+# from modnets.nn.modulated import ModLin
+#
+# x = torch.randn(16, 5, 65, 96, requires_grad=True)  # (batch, functions, tokens, d)
+# codes = torch.randn(5, 1, 96)
+# linear, modlin = torch.nn.Linear(96, 96), ModLin(96, 96, 96)
+# calls = {"nn.Linear": lambda: linear(x), "ModLin": lambda: modlin(x, codes)}
+# for name, layer in calls.items():
+#
+#     def step(layer=layer):
+#         layer().square().mean().backward()
+#
+#     with FlopCounterMode(display=False) as counter:
+#         step()
+#     ms = 1e3 * benchmarks.median_time(step, repeats=3, warmup=1, min_run_time=0.1)
+#     print(f"{name}: {counter.get_total_flops() / 1e6:.1f} MFLOP, {ms:.2f} ms")
+# ```
+# :::
+#
+# 2. **Exponents between two sizes.** The exponents in the legend of section 4 come from the two
+#    largest sizes. Compute the exponent between every pair of consecutive sizes for each model
+#    (`benchmarks.fit_exponent` on two points). Show that for $t(N) = a + cN^2$ the exponent
+#    between $N$ and $4N$ passes through 1 on its way from 0 to 2. What does that say about an
+#    exponent near 1 measured between two sizes only?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Between $N$ and $4N$ the exponent is $\log_4 \big(t(4N) / t(N)\big)$. For $t = a + cN^2$ it is
+# $\log_4 \big((a + 16cN^2) / (a + cN^2)\big)$: 0 while $a$ dominates, 2 once $cN^2$ does, and
+# exactly 1 at $cN^2 = a/4$. An exponent of 1 between two sizes is what a linear model shows,
+# and also what a quadratic one shows on its way out of its fixed cost; only the trend over
+# several sizes tells them apart.
+#
+# ```python
+# import itertools
+#
+# r = results["token_scaling"]
+# for name in r["exponents"]:
+#     key = f"{name}_ms"
+#     pts = [(row["tokens"], row[key]) for row in r["rows"] if key in row]
+#     local = [
+#         benchmarks.fit_exponent([n0, n1], [t0, t1])
+#         for (n0, t0), (n1, t1) in itertools.pairwise(pts)
+#     ]
+#     print(f"{name:<13}", " ".join(f"{e:.2f}" for e in local))
+# ```
+# :::
+#
+# 3. **The noise floor of a ratio.** Every target of this chapter is met or missed by a ratio of
+#    two times. Time one `nn.Linear` forward and backward against itself, as the two sides of a
+#    ratio, five times over: first with one round per side, then with each side's fastest of
+#    three interleaved rounds, as the suite does. How far from 1 do the ratios stray, and what
+#    does that mean for a ratio that lands close to its target?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Both sides do the same work, so every departure from 1 is noise of the measurement: a ratio
+# within that spread of its target is neither clearly met nor clearly missed. Each side's fastest
+# round discards the rounds that a burst of load slowed, so where the load comes in bursts the
+# three-round ratios should stray less; load that changes within a round reaches the two sides
+# unequally, and no choice of rounds removes it.
+#
+# ```python
+# layer = torch.nn.Linear(96, 96)
+# x = torch.randn(1024, 96, requires_grad=True)
+#
+#
+# def step():
+#     layer(x).square().mean().backward()
+#
+#
+# def ratio(rounds):  # the same call on both sides, each side's fastest round
+#     best = [float("inf"), float("inf")]
+#     for _ in range(rounds):
+#         for side in (0, 1):
+#             t = benchmarks.median_time(step, repeats=3, warmup=1, min_run_time=0.05)
+#             best[side] = min(best[side], t)
+#     return best[0] / best[1]
+#
+#
+# for rounds in (1, 3):
+#     print(f"{rounds} round(s):", " ".join(f"{ratio(rounds):.3f}" for _ in range(5)))
+# ```
+# :::
+#
+# 4. **When does compiling pay?** Section 9 gives each compiled step a warm-up (`warmup_s`) and
+#    the steps after which it has paid for itself (`break_even_steps`). Show that the break-even
+#    is the warm-up divided by the time saved per step, and compare it with the steps of one
+#    seed's pretraining of the fuzzy-Boolean NI (chapter 5) at this profile:
+#    $20 \times 8{,}000 / 64$ at `cpu`. How does the answer change when the four claim seeds
+#    train in two worker processes (`modnets.parallel.map_tasks`), each of which reuses its
+#    compiled code for its later seeds?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Each step saves $t_\text{eager} - t_\text{compiled}$, so a warm-up $w$ is repaid after
+# $\lceil w / (t_\text{eager} - t_\text{compiled}) \rceil$ steps. One seed's pretraining takes
+# 2,500 steps at `cpu`. `map_tasks` starts fresh processes, and each compiles once: four seeds in
+# two processes pay the warm-up twice for four seeds' steps, so even a break-even close to one
+# seed's steps pays off. At `smoke` nothing is compiled, and the break-even is `None`.
+#
+# ```python
+# from modnets.experiments import fuzzy_boolean as fb
+# from modnets.profiles import select
+#
+# t = select(fb.CONFIGS, PROFILE).train
+# n = round(0.8 * t.points_per_function)  # the training points (make_dataset's split)
+# steps = t.pretrain.epochs * (n // t.pretrain.batch_size)
+# row = {r["model"]: r for r in results["train_steps"]["rows"]}["NI (fuzzy Booleans)"]
+# saved = (row["eager_ms"] - row["as_run_ms"]) / 1e3  # seconds saved per step
+# print(f"{steps} steps per seed, break-even after {row['break_even_steps']}")
+# print(f"{row['warmup_s'] / saved:.0f} = warm-up / saving per step")
+# ```
+# :::
