@@ -462,17 +462,18 @@ from modnets.experiments import budget
 display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 
 # %% [markdown]
-# ## What differs from the paper, and why
+# :::{admonition} Implementation notes: what differs from the paper, and why
+# :class: dropdown
 #
-# * **Scale.** The `cpu` profile runs this chapter cold in about 13.5 minutes on two cores
-#   (training is 3.9 of each seed's 4.3 minutes): 20 classes, 10 epochs, a sixth of Table 4's
+# * **Scale.** The `cpu` profile (its cold time on two cores: book/setup.md) trains on
+#   20 classes, 10 epochs, a sixth of Table 4's
 #   width, a quarter of its depth and a fifth of its modules, three seeds. Absolute accuracies are
 #   not comparable with Table 1; the comparisons between models and across drop levels are the
 #   point, and the seeds say how much of a difference is noise.
 # * **Speed-up.** The paper measures on an A100 with 320 modules; with 64 modules on a CPU, the
 #   tokeniser and read-out are a larger fixed share of the cost, which bounds the speed-up from
-#   dropping (the tokeniser's share is printed above the Fig. 5b plot). The Fig. 5b rule (more than 6x, within 25 % of the paper's ~8x) is applied as
-#   written all the same. Chapter 12 measures the scaling at larger sizes.
+#   dropping (the tokeniser's share is printed above the Fig. 5b plot), so the paper's ~8x
+#   cannot be tested here. Chapter 12 measures the scaling at larger sizes.
 # * **Augmentation.** `cpu` uses random resized crops and flips; `gpu` adds RandAugment, and mixes
 #   every batch (MixUp or CutMix, half the time each) as the paper's pipeline does.
 # * **Priors.** `cpu` trains only the scale-free NAC; `gpu` trains all four priors of Table 1.
@@ -489,6 +490,7 @@ display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 # * **The wiring's learning rate.** `cpu` gives signatures and bandwidth their own rate (1e-2),
 #   chosen on the training loss's graph term, never on validation accuracy.
 # * **Out of distribution.** Tiny-ImageNet-R is not available offline, so that claim is not tested.
+# :::
 
 # %% [markdown]
 # ## What we learned

@@ -789,13 +789,15 @@ from modnets.experiments import budget
 display(Markdown(budget.table(budget.estimate(sm.NAME), markdown=True)))
 
 # %% [markdown]
-# ## What differs from the paper, and why
+# :::{admonition} Implementation notes: what differs from the paper, and why
+# :class: dropdown
 #
 # * **Scale.** The `cpu` profile trains the CNN for 15 epochs over 12,000 canvases (6,000 per
 #   training count) at a quarter of App. C's width (8 -> 128 channels), then both models for 2
 #   more epochs from it, three seeds, plus the max-pooled CNN for the dip diagnostic (its cold
-#   time on two cores is in book/setup.md); the paper trains 300 epochs at full width from scratch. Absolute accuracies are lower; the comparison
-#   between the two models at equal budget is the point. The `gpu` profile uses App. C's sizes
+#   time on two cores is in book/setup.md); the paper trains 300 epochs at full width from
+#   scratch. Absolute accuracies are lower; the comparison between the two models at equal budget
+#   is the point. The `gpu` profile uses App. C's sizes
 #   and trains both models from scratch.
 # * **NFM added to a trained CNN** at `cpu` (see *The training protocol*): NFM's reads get 2
 #   epochs, not 300. A reader should weigh a `not reproduced` here with that in mind; the gates
@@ -812,6 +814,7 @@ display(Markdown(budget.table(budget.estimate(sm.NAME), markdown=True)))
 #   biases in the projections; $x$ is not in the memory; the read sits after each stage;
 #   distinct, non-overlapping digits; a flattened linear head; inputs standardised with the
 #   training canvases' mean and standard deviation.
+# :::
 #
 # ## Claims
 #
