@@ -81,6 +81,21 @@ def forest(claims: list) -> None:
 
 
 # %% [markdown]
+# ## At a glance
+#
+# Each bar is one paper's claims, coloured by verdict after Holm's correction; a hatched part is
+# inconclusive because its test was underpowered (it could not have seen the paper's effect at
+# these seeds), the rest of the yellow could have. The sections below give each claim.
+
+# %% tags=["hide-input"]
+everything = {
+    paper: report.load_claims(names, PROFILE)[0]
+    for paper, names in report.PAPERS.items()
+}
+report.summary_plot(everything)
+plt.show()
+
+# %% [markdown]
 # ## Neural Interpreters
 #
 # The claims of {cite}`rahaman2021interpreters`, tested in chapter 5 (fuzzy Boolean expressions,

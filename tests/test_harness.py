@@ -535,3 +535,30 @@ def test_resuming_under_a_changed_train_config_is_refused_naming_the_fields(tmp_
     again = dataclasses.replace(cfg, save_every=3)
     hist = fit(model, step, again, n=6, show_progress=False, state_path=state, resume=True)
     assert hist["step"][-1] == 6
+
+
+def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    def claim(verdict, holm=None, reason="", kind="paper"):
+        return {"kind": kind, "verdict": verdict, "verdict_holm": holm or verdict, "reason": reason}
+
+    claims = {
+        "A": [
+            claim("reproduced"),
+            claim("reproduced", "inconclusive", "underpowered: ..."),
+            claim("not reproduced"),
+            claim("reproduced", kind="ours"),
+        ],
+        "B": [claim("not testable here")],
+    }
+    ax = report.summary_plot(claims)
+    bars = [p for p in ax.patches if p.get_width() > 0]
+    widths = {}
+    for p in bars:
+        row = round(p.get_y() + p.get_height() / 2)
+        widths[row] = widths.get(row, 0) + p.get_width()
+    assert widths == {0: 3, 1: 1}  # paper claims only; the ours row is left out
+    assert sum(p.get_width() for p in bars if p.get_hatch()) == 1  # the underpowered one

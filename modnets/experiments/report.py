@@ -23,6 +23,7 @@ __all__ = [
     "reproduction",
     "paper_sentence",
     "forest_plot",
+    "summary_plot",
     "rule_log_table",
 ]
 
@@ -212,6 +213,43 @@ def paper_sentence(paper: str, claims) -> str:
     if untested:
         parts.append(f"and {untested} cannot be tested here")
     return ", ".join(parts) + "."
+
+
+def summary_plot(claims_by_paper: dict, ax=None):
+    """One bar per paper: how many of its paper claims got each Holm-adjusted verdict, and for
+    the inconclusive ones, how many were underpowered (hatched)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(claims_by_paper)))
+    papers = list(claims_by_paper)
+    for row, paper in enumerate(papers):
+        cs = [c for c in _as_dicts(claims_by_paper[paper]) if c.get("kind") == "paper"]
+        left = 0
+        for verdict in VERDICTS:
+            chosen = [c for c in cs if (c.get("verdict_holm") or c["verdict"]) == verdict]
+            under = sum(c.get("reason", "").startswith("underpowered") for c in chosen)
+            for n, hatch in ((len(chosen) - under, None), (under, "//")):
+                if n:
+                    style = dict(color=COLOURS[verdict], edgecolor="#555555", hatch=hatch)
+                    ax.barh(row, n, left=left, lw=0.6, **style)
+                    left += n
+    handles = [Patch(fc=COLOURS[v], ec="#555555", label=v) for v in VERDICTS]
+    handles.append(Patch(fc="white", ec="#555555", hatch="//", label="underpowered"))
+    most = max(
+        (
+            len([c for c in _as_dicts(v) if c.get("kind") == "paper"])
+            for v in claims_by_paper.values()
+        ),
+        default=1,
+    )
+    ax.set_xlim(0, max(most, 1))
+    ax.set_ylim(len(papers) - 0.5, -0.5)
+    ax.set_yticks(range(len(papers)), papers)
+    ax.set_xlabel("paper claims (Holm-adjusted verdicts)")
+    ax.legend(handles=handles, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return ax
 
 
 def _unit(c: dict) -> float:
