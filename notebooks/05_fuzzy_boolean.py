@@ -63,7 +63,9 @@ from modnets.viz import draw_routing
 PROFILE = modnets.get_profile()
 config = modnets.profiles.select(fb.CONFIGS)
 print("profile:", PROFILE)
-show(config)
+
+# %% tags=["hide-cell"]
+show(config)  # the whole configuration (collapsed in the book)
 
 # %% [markdown]
 # ## Fuzzy logic

@@ -74,7 +74,9 @@ from modnets.viz import draw_circuit
 PROFILE = get_profile()
 config = select(ti.CONFIGS)
 print("profile:", PROFILE, "| seeds:", config.seeds, "| priors:", config.priors)
-show(config.train)
+
+# %% tags=["hide-cell"]
+show(config.train)  # the whole configuration (collapsed in the book)
 
 # %% [markdown]
 # ## The data

@@ -93,7 +93,9 @@ PROFILE = get_profile()
 config = select(sm.CONFIGS)
 torch.set_printoptions(precision=3, sci_mode=False)
 print("profile:", PROFILE)
-show(config)
+
+# %% tags=["hide-cell"]
+show(config)  # the whole configuration (collapsed in the book)
 
 # %% [markdown]
 # ## Sparse arguments: the top-k softmax
