@@ -26,6 +26,7 @@ from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP
 from modnets.nn.skmdpa import SKMDPA
 from modnets.nn.type_matching import TypeInference, TypeMatching
 from modnets.profiles import get_profile
+from modnets.registry import create_model, from_pretrained, list_models, save_pretrained
 from modnets.utils import default_device, seed_everything
 
 __version__ = "0.1.0"
@@ -55,6 +56,10 @@ __all__ = [
     "PerceiverIO",
     "ViT",
     "build_model",
+    "create_model",
+    "list_models",
+    "save_pretrained",
+    "from_pretrained",
     "get_profile",
     "seed_everything",
     "default_device",

@@ -1,0 +1,221 @@
+"""Every model the book trains, by name, in timm's manner.
+
+``create_model("ni_digits_cpu")`` builds the NI that chapter 6 trains at the ``cpu`` profile;
+``list_models()`` names them all: one variant per experiment model and profile (``cpu``, the
+book's reduced scale, and ``gpu``, the papers' settings). Keyword arguments override fields of
+the model's configuration (``NIConfig`` / ``NACConfig`` fields, a ViT's ``depth``, a ConvNet's
+arguments). ``save_pretrained(model, folder)`` writes a trained model as a JSON config beside its
+weights, and ``from_pretrained(folder)`` builds it again -- after ``add_functions``,
+``remove_functions``, ``drop_modules`` or ``eliminate_edges`` too -- loading the weights with
+``torch.load(weights_only=True)``, which runs no pickled code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["create_model", "list_models", "example_input", "save_pretrained", "from_pretrained"]
+
+PROFILES = ("cpu", "gpu")
+FORMAT = "modnets-pretrained-1"
+
+
+def _experiment(name: str, profile: str):
+    from modnets.experiments.harness import import_experiment
+    from modnets.profiles import select
+
+    return select(import_experiment(name).CONFIGS, profile)
+
+
+def _replace(config, overrides: dict):
+    """``config`` with ``overrides`` (validated by the config's own checks)."""
+    known = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown {type(config).__name__} fields {unknown}")
+    return dataclasses.replace(config, **overrides)
+
+
+# ----------------------------------------------------------------------------- the variants
+
+
+def _ni_fuzzy(profile: str, **overrides) -> nn.Module:
+    from modnets.ni import NeuralInterpreter
+
+    config = _experiment("fuzzy_boolean", profile).train.model_config()
+    return NeuralInterpreter(_replace(config, overrides))
+
+
+def _ni_digits(profile: str, **overrides) -> nn.Module:
+    from modnets.ni import NeuralInterpreter
+
+    config = _experiment("digits", profile).train.ni_config()
+    return NeuralInterpreter(_replace(config, overrides))
+
+
+def _vit_digits(profile: str, small: bool = False, depth: int | None = None, **overrides):
+    from modnets.baselines import ViT
+
+    train = _experiment("digits", profile).train
+    default = train.vit_small_depth if small else train.vit_depth
+    config = _replace(train.vit_config(small=small), overrides)
+    return ViT(config, depth=default if depth is None else depth)
+
+
+def _circuit(kind: str, profile: str, **overrides) -> nn.Module:
+    from modnets.baselines import PerceiverIO
+    from modnets.nac import NeuralAttentiveCircuit
+    from modnets.nn.tokens import ConvTokenizer
+
+    train = _experiment("tiny_imagenet", profile).train
+    config = _replace(train.nac_config("scale_free"), overrides)
+    model = NeuralAttentiveCircuit if kind == "nac" else PerceiverIO
+    return model(config, ConvTokenizer(**train.tokenizer))
+
+
+def _convnet(nfm: bool, profile: str, **overrides) -> nn.Module:
+    from modnets.nfm import ConvNet
+
+    t = _experiment("stacked_mnist", profile).train
+    kwargs = dict(in_channels=1, num_outputs=10, width=t.width, block=t.block, pool=t.pool)
+    return ConvNet(**{**kwargs, "nfm": t.nfm() if nfm else None, **overrides})
+
+
+_FAMILIES: dict[str, tuple[Callable[..., nn.Module], str]] = {
+    # name: (builder taking the profile, the chapter that trains it)
+    "ni_fuzzy_boolean": (_ni_fuzzy, "chapter 5, NI §4.1"),
+    "ni_digits": (_ni_digits, "chapter 6, NI §4.2"),
+    "vit_digits": (_vit_digits, "chapter 6, NI §4.2's baseline"),
+    "vit_small_digits": (functools.partial(_vit_digits, small=True), "chapter 6, size-matched"),
+    "nac_tiny_imagenet": (functools.partial(_circuit, "nac"), "chapter 10, NAC §4.1"),
+    "pio_tiny_imagenet": (functools.partial(_circuit, "pio"), "chapter 10, the baseline"),
+    "cnn_stacked_mnist": (functools.partial(_convnet, False), "chapter 11, NFM App. C"),
+    "nfm_stacked_mnist": (functools.partial(_convnet, True), "chapter 11, NFM §4.2"),
+}
+
+#: ``name -> (builder(**overrides), what it is)``, one entry per family and profile.
+MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
+    f"{family}_{profile}": (functools.partial(build, profile), f"{what} ({profile} profile)")
+    for family, (build, what) in _FAMILIES.items()
+    for profile in PROFILES
+}
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """The registered names matching the shell-style ``pattern`` (``"ni_*"``), sorted."""
+    return sorted(fnmatch.filter(MODELS, pattern))
+
+
+def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
+    """The model ``name`` (one of :func:`list_models`), untrained, with ``overrides`` applied to
+    its configuration. ``pretrained``: no trained weights are published with the library; train
+    with the experiment and load a folder with :func:`from_pretrained`."""
+    if name not in MODELS:
+        close = difflib.get_close_matches(name, MODELS, n=3)
+        hint = f"; did you mean {close}?" if close else ""
+        raise ValueError(f"name must be one of list_models(), got {name!r}{hint}")
+    if pretrained:
+        raise ValueError(
+            "pretrained=True: modnets publishes no trained weights; train the model with its "
+            "experiment, save it with save_pretrained and load it with from_pretrained"
+        )
+    model = MODELS[name][0](**overrides)
+    model.registry_name, model.registry_overrides = name, _plain(overrides)
+    return model
+
+
+def example_input(name: str, batch: int = 2) -> torch.Tensor:
+    """A random input of the shape model ``name`` reads, ``batch`` samples."""
+    model = create_model(name)
+    config = getattr(model, "config", None)
+    if name.startswith("ni_fuzzy"):
+        return torch.rand(batch, config.num_elements)
+    if name.startswith(("ni_", "vit_")):
+        return torch.randn(batch, config.in_channels, config.image_size, config.image_size)
+    if name.startswith(("nac_", "pio_")):
+        return torch.randn(batch, 3, 64, 64)
+    from modnets.data.stacked_mnist import CANVAS_SIZE
+
+    return torch.randn(batch, 1, CANVAS_SIZE, CANVAS_SIZE)
+
+
+# ----------------------------------------------------------------------------- save and load
+
+
+def _plain(value):
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _overrides(model: nn.Module) -> dict:
+    """What makes ``model``'s configuration differ from its registered variant's: fields of its
+    config, a ViT's depth."""
+    base = create_model(model.registry_name)
+    out = dict(getattr(model, "registry_overrides", {}))
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config):
+        for f in dataclasses.fields(config):
+            now = getattr(config, f.name)
+            if now != getattr(base.config, f.name):
+                out[f.name] = _plain(now)
+    if getattr(model, "depth", None) != getattr(base, "depth", None):
+        out["depth"] = model.depth
+    return out
+
+
+def save_pretrained(model: nn.Module, folder: str | Path) -> Path:
+    """Write ``model`` (made by :func:`create_model`) to ``folder``: ``config.json`` (the variant
+    and what differs from it) and ``weights.pt`` (the ``state_dict``)."""
+    from modnets.training import save_checkpoint
+
+    name = getattr(model, "registry_name", None)
+    if name is None:
+        raise TypeError("save_pretrained needs a model made by modnets.create_model")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    save_checkpoint(state, folder / "weights.pt")
+    record = {"format": FORMAT, "name": name, "overrides": _overrides(model)}
+    (folder / "config.json").write_text(json.dumps(record, indent=1) + "\n")
+    return folder
+
+
+def _as_tuples(value, like):
+    if isinstance(like, tuple) and isinstance(value, list):
+        return tuple(_as_tuples(v, w) for v, w in zip(value, like, strict=False))
+    return value
+
+
+def from_pretrained(folder: str | Path, map_location="cpu") -> nn.Module:
+    """The model :func:`save_pretrained` wrote to ``folder``, in evaluation mode."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: not a folder written by save_pretrained")
+    record = json.loads(path.read_text())
+    if record.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} record")
+    base = create_model(record["name"])
+    config = getattr(base, "config", None)
+    overrides = {k: _as_tuples(v, getattr(config, k, None)) for k, v in record["overrides"].items()}
+    model = create_model(record["name"], **overrides)
+    state = torch.load(folder / "weights.pt", map_location=map_location, weights_only=True)
+    for prefix, module in model.named_modules():  # masks set after construction (a NAC's edges)
+        for key, value in module._buffers.items():
+            full = f"{prefix}.{key}" if prefix else key
+            if value is None and full in state:
+                module._buffers[key] = state[full]
+    model.load_state_dict(state)
+    return model.eval()

@@ -1,0 +1,64 @@
+"""The model registry (modnets.registry): every model the book trains, by name; each builds,
+runs forward and backward, converts to float64, and comes back bit for bit from a folder --
+also after the edits the papers make to trained models (NI Fig. 5b-c, NAC App. F)."""
+
+import pytest
+import torch
+
+import modnets
+from modnets.registry import example_input
+
+
+def _logits(out):
+    return out if torch.is_tensor(out) else out.logits
+
+
+@pytest.mark.parametrize("name", modnets.list_models())
+def test_every_registered_model_trains_converts_and_round_trips(name, tmp_path):
+    torch.manual_seed(0)
+    model = modnets.create_model(name)
+    x = example_input(name)
+    loss = _logits(model(x)).float().square().mean()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert torch.isfinite(loss) and any(g is not None and g.abs().sum() > 0 for g in grads)
+    model.eval()
+    with torch.no_grad():
+        before = _logits(model(x))
+        again = modnets.from_pretrained(modnets.save_pretrained(model, tmp_path / name))
+        assert torch.equal(_logits(again(x)), before)  # the same model, bit for bit
+        wide = model.to(torch.float64)
+        assert _logits(wide(x.double())).dtype == torch.float64
+
+
+def test_edited_models_come_back_as_edited(tmp_path):
+    torch.manual_seed(0)
+    ni = modnets.create_model("ni_digits_cpu").eval()
+    ni.add_functions(2, active=False)
+    ni.remove_functions([0])
+    x = example_input("ni_digits_cpu")
+    back = modnets.from_pretrained(modnets.save_pretrained(ni, tmp_path / "ni"))
+    assert back.config.num_functions == ni.config.num_functions
+    assert torch.equal(back(x), ni(x))
+    nac = modnets.create_model("nac_tiny_imagenet_cpu").eval()
+    for name, edited in {
+        "dropped": nac.drop_modules(16),
+        "edges": nac.eliminate_edges(0.5),
+    }.items():
+        back = modnets.from_pretrained(modnets.save_pretrained(edited, tmp_path / name))
+        x = example_input("nac_tiny_imagenet_cpu")
+        with torch.no_grad():
+            assert torch.equal(back(x), edited(x)), name
+
+
+def test_names_overrides_and_pretrained_are_checked():
+    with pytest.raises(ValueError, match="ni_digits_cpu"):
+        modnets.create_model("ni_digit_cpu")  # a close match is suggested
+    with pytest.raises(ValueError, match="unknown NIConfig fields"):
+        modnets.create_model("ni_digits_cpu", hidden=3)
+    with pytest.raises(ValueError, match="publishes no trained weights"):
+        modnets.create_model("ni_digits_cpu", pretrained=True)
+    assert modnets.create_model("ni_digits_cpu", num_functions=3).config.num_functions == 3
+    assert modnets.list_models("nac_*") == ["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
+    with pytest.raises(TypeError, match="create_model"):
+        modnets.save_pretrained(torch.nn.Linear(2, 2), "unused")
