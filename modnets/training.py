@@ -6,7 +6,6 @@ import contextlib
 import math
 import os
 import signal
-import tempfile
 import threading
 import time
 import warnings
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from modnets.utils import atomic_file
 
 __all__ = [
     "warmup_cosine",
@@ -109,15 +110,8 @@ def r2_score(pred: Tensor, target: Tensor) -> Tensor:
 def save_checkpoint(obj: object, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file in the same folder, then rename: never half-written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

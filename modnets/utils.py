@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import random
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "count_parameters", "progress", "check_input"]
+__all__ = [
+    "seed_everything",
+    "default_device",
+    "count_parameters",
+    "progress",
+    "check_input",
+    "atomic_file",
+]
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """A temporary path beside ``path`` to write to, renamed to ``path`` when the block ends:
+    the file is never half-written, and it gets the permissions of a new file under the user's
+    umask (``mkstemp``'s own are owner-only)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:

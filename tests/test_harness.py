@@ -562,3 +562,18 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
         widths[row] = widths.get(row, 0) + p.get_width()
     assert widths == {0: 3, 1: 1}  # paper claims only; the ours row is left out
     assert sum(p.get_width() for p in bars if p.get_hatch()) == 1  # the underpowered one
+
+
+def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
+    from modnets.training import save_checkpoint
+
+    umask = os.umask(0o022)
+    try:
+        ckpt = save_checkpoint({"w": torch.zeros(2)}, tmp_path / "a" / "model.pt")
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(umask)
+    mode = plain.stat().st_mode & 0o777
+    assert mode == 0o644 and ckpt.stat().st_mode & 0o777 == mode  # not mkstemp's 0600
+    assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]  # no temporary left

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from modnets.experiments.harness import check_results
+from modnets.utils import atomic_file
 
 __all__ = ["save_results", "load_results", "results_path"]
 
@@ -22,15 +21,8 @@ def save_results(results: dict, path: str | Path) -> Path:
     in the same folder, then a rename: never half-written)."""
     check_results(results)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=1))
     return path
 
 
