@@ -251,6 +251,12 @@ class ResumableLoop:
         self.resumed = False
         if resume and self.path is not None and self.path.exists():
             self._load()
+        elif self.path is not None and self.path.exists() and enabled:
+            warnings.warn(
+                f"{self.path} holds an interrupted training; starting again from step 0 "
+                "(resume=True, or --resume, continues it instead)",
+                stacklevel=3,
+            )
 
     def _load(self) -> None:
         state = load_train_state(self.path, map_location="cpu")  # load_state_dict moves it

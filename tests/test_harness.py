@@ -577,3 +577,19 @@ def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
     mode = plain.stat().st_mode & 0o777
     assert mode == 0o644 and ckpt.stat().st_mode & 0o777 == mode  # not mkstemp's 0600
     assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]  # no temporary left
+
+
+def test_an_interrupted_training_found_without_resume_is_announced(tmp_path):
+    model, state = nn.Linear(2, 1), tmp_path / "state.pt"
+    cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3, save_every=2, amp=False)
+    calls = iter(range(100))
+
+    def step(net, idx):  # the third step fails, after the state of step 2 was saved
+        if next(calls) == 2:
+            raise RuntimeError("stop")
+        return net(torch.ones(1, 2)).sum()
+
+    with pytest.raises(RuntimeError, match="stop"):
+        fit(model, step, cfg, n=6, show_progress=False, state_path=state)
+    with pytest.warns(UserWarning, match="holds an interrupted training; starting again"):
+        fit(model, step, cfg, n=6, show_progress=False, state_path=state)
