@@ -135,11 +135,13 @@ class _Attention(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor, key_mask: Tensor | None = None) -> Tensor:
         B, H = x.shape[0], self.num_heads
-        q, k, v = (t.view(B, t.shape[1], H, -1).transpose(1, 2)
-                   for t in (self.q(x), self.k(y), self.v(y)))  # fmt: skip
+        q, k, v = (
+            t.view(B, t.shape[1], H, t.shape[-1] // H).transpose(1, 2)
+            for t in (self.q(x), self.k(y), self.v(y))
+        )
         mask = None if key_mask is None else key_mask[None, :]  # (1, Tk): broadcast over queries
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out(out.transpose(1, 2).reshape(B, x.shape[1], -1))
+        return self.out(out.transpose(1, 2).reshape(B, x.shape[1], H * out.shape[-1]))
 
 
 class _Layer(nn.Module):

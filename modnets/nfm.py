@@ -319,7 +319,8 @@ class NFMAttention(nn.Module):
     def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
         """A position-wise linear map of a channel-first ``(B, C, *size)`` tensor."""
         B, C, *size = x.shape
-        return torch.matmul(layer.weight, x.reshape(B, C, -1)).reshape(B, -1, *size)
+        n = math.prod(size)  # not -1: an empty batch has nothing to infer it from
+        return torch.matmul(layer.weight, x.reshape(B, C, n)).reshape(B, layer.out_features, *size)
 
     def write(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a state this module wrote: ``(B, key_dim, *size)``,

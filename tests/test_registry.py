@@ -27,6 +27,7 @@ def test_every_registered_model_trains_converts_and_round_trips(name, tmp_path):
         before = _logits(model(x))
         again = modnets.from_pretrained(modnets.save_pretrained(model, tmp_path / name))
         assert torch.equal(_logits(again(x)), before)  # the same model, bit for bit
+        assert _logits(model(example_input(name, batch=0))).shape[0] == 0  # an empty batch
         wide = model.to(torch.float64)
         assert _logits(wide(x.double())).dtype == torch.float64
 

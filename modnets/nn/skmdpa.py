@@ -198,9 +198,10 @@ class SKMDPA(nn.Module):
         if d % self.num_heads or v.shape[-1] % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide the feature widths")
         H = self.num_heads
-        qh = q.view(B, Uq, H, -1).transpose(1, 2)  # (B, H, Uq, dh)
-        kh = k.view(B, k.shape[1], H, -1).transpose(1, 2)
-        vh = v.view(B, v.shape[1], H, -1).transpose(1, 2)
+        # explicit head widths, not -1: an empty batch has nothing to infer them from
+        qh = q.view(B, Uq, H, d // H).transpose(1, 2)  # (B, H, Uq, dh)
+        kh = k.view(B, k.shape[1], H, d // H).transpose(1, 2)
+        vh = v.view(B, v.shape[1], H, v.shape[-1] // H).transpose(1, 2)
         log_k = self.log_kernel(
             sig_q, sig_k, key_mask, edge_mask, shape=(Uq, k.shape[1]), device=q.device, batch=B
         )
@@ -216,4 +217,4 @@ class SKMDPA(nn.Module):
         # fused attention kernels apply (no (B, H, Uq, Uk) weights kept for backward on CPU/CUDA).
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=log_k)
         out = out.masked_fill(dead, 0.0)
-        return out.transpose(1, 2).reshape(B, Uq, -1)
+        return out.transpose(1, 2).reshape(B, Uq, v.shape[-1])
