@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.training import weight_decay_groups
+from modnets.utils import check_input
 
 __all__ = ["TransformerBlock", "ViT", "PerceiverIO", "require_fields"]
 
@@ -103,7 +104,9 @@ class ViT(ClassTokenModel):
         self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.cls(self.tokenizer(x))
+        """The logits ``(B, num_cls, num_outputs)`` of images ``(B, C, H, W)`` (or vectors, per
+        the config's tokenizer), read from the CLS tokens as the NI's are."""
+        h = self.cls(self.tokenizer(check_input(x, self)))
         for block in self.blocks:
             h = block(h)
         return self.heads(h[:, : self.config.num_cls])
@@ -195,7 +198,10 @@ class PerceiverIO(nn.Module):
         self.head = nn.Linear(c.dim, c.num_outputs)
 
     def forward(self, x: Tensor, latent_mask: Tensor | None = None) -> Tensor:
+        """The logits ``(B, num_outputs)`` of tokens ``(B, N, input_dim)`` or what the tokenizer
+        reads; ``latent_mask`` ``(num_latents,)`` bool: the latents that run."""
         c = self.config
+        x = check_input(x, self)
         t = self.tokenizer(x) if self.tokenizer is not None else x
         if t.dim() != 3 or t.shape[-1] != c.input_dim:
             raise ValueError(

@@ -570,6 +570,11 @@ class NeuralAttentiveCircuit(nn.Module):
 
     def forward(self, x: Tensor, condition: Tensor | None = None,
                 processor_mask: Tensor | None = None, return_details: bool = False):  # fmt: skip
+        """The logits ``(B, num_outputs)`` of inputs ``x``: tokens ``(B, N, input_dim)``, or what
+        the tokenizer reads (images ``(B, C, H, W)``). ``condition``: a conditional generator's
+        input (default: the tokens). ``processor_mask`` ``(num_processors,)`` bool: the modules
+        that run (App. F's dropping, without copying the model). ``return_details``: a
+        :class:`NACOutput` with the read-out's confidences and the circuit design."""
         tokens = self.tokens(x)
         design = self.design(tokens, condition)
         if processor_mask is not None:

@@ -531,6 +531,9 @@ class NFMNetwork(nn.Module):
         return [k * self.num_blocks + i for k in range(K) for i in range(self.num_blocks)]
 
     def forward(self, x: Tensor, return_details: bool = False, passes: int | None = None):
+        """NFM Algorithm 1 on feature maps ``x`` ``(B, dims[0], *size)``: the last block's
+        output; with ``return_details`` an :class:`NFMOutput` with every read's weights and
+        state. ``passes``: fewer (or, with shared parameters, more) passes than configured."""
         K = self.passes if passes is None else _positive_int(passes, "passes")
         if K > self.passes and not (self.share_blocks and self.share_attention):
             raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
