@@ -160,6 +160,13 @@ class NACConfig:
     per_example_kernel: bool = True
     read_out_from_read_in: bool = True
 
+    def replace(self, **changes) -> NACConfig:
+        """A copy with some fields changed (validated again), as ``NIConfig.replace``."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown NACConfig fields {unknown}")
+        return dataclasses.replace(self, **changes)
+
     @property
     def num_mediators(self) -> int:
         """Processor modules that are not read-in modules (all of them when ``num_read_in = 0``)."""

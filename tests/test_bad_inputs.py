@@ -281,3 +281,12 @@ def test_the_table_is_large_enough():
 def test_bad_input_is_rejected_with_a_clear_message(name, call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_nac_config_replace_validates_as_the_ni_s_does():
+    cfg = nac_cfg()
+    assert cfg.replace(dim=32).dim == 32 and cfg.dim == 16
+    with pytest.raises(ValueError, match="unknown NACConfig fields"):
+        cfg.replace(width=3)
+    with pytest.raises(ValueError, match="alpha"):
+        cfg.replace(alpha=float("nan"))
