@@ -516,18 +516,26 @@ def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path)
     assert len(missing) == 1 and "tiny_imagenet" in missing[0]
 
 
-def test_resuming_under_a_changed_train_config_is_refused_naming_the_fields(tmp_path):
-    model, state = nn.Linear(2, 1), tmp_path / "state.pt"
+def _interrupted_fit(state):
+    """A fit of 6 steps whose third step fails after the state of step 2 was saved at
+    ``state``: ``(model, step, config)`` to go on with."""
+    model = nn.Linear(2, 1)
     cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3, save_every=2, amp=False)
     calls = iter(range(100))
 
-    def step(net, idx):  # the third step fails, after the state of step 2 was saved
+    def step(net, idx):
         if next(calls) == 2:
             raise RuntimeError("stop")
         return net(torch.ones(1, 2)).sum()
 
     with pytest.raises(RuntimeError, match="stop"):
         fit(model, step, cfg, n=6, show_progress=False, state_path=state)
+    return model, step, cfg
+
+
+def test_resuming_under_a_changed_train_config_is_refused_naming_the_fields(tmp_path):
+    state = tmp_path / "state.pt"
+    model, step, cfg = _interrupted_fit(state)
     changed = dataclasses.replace(cfg, lr=2e-3, compile=False, save_every=3)
     with pytest.raises(CheckpointError, match=r"fit\.lr: 0\.001 -> 0\.002\)"):
         fit(model, step, changed, n=6, show_progress=False, state_path=state, resume=True)
@@ -580,16 +588,7 @@ def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
 
 
 def test_an_interrupted_training_found_without_resume_is_announced(tmp_path):
-    model, state = nn.Linear(2, 1), tmp_path / "state.pt"
-    cfg = TrainConfig(epochs=1, batch_size=1, lr=1e-3, save_every=2, amp=False)
-    calls = iter(range(100))
-
-    def step(net, idx):  # the third step fails, after the state of step 2 was saved
-        if next(calls) == 2:
-            raise RuntimeError("stop")
-        return net(torch.ones(1, 2)).sum()
-
-    with pytest.raises(RuntimeError, match="stop"):
-        fit(model, step, cfg, n=6, show_progress=False, state_path=state)
+    state = tmp_path / "state.pt"
+    model, step, cfg = _interrupted_fit(state)
     with pytest.warns(UserWarning, match="holds an interrupted training; starting again"):
         fit(model, step, cfg, n=6, show_progress=False, state_path=state)
