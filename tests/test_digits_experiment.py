@@ -199,7 +199,10 @@ def test_learning_rate_selection_never_reads_the_evaluation_split():
 def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     cfg = digits.CONFIGS["smoke"]
-    results = digits.run(cfg, profile="smoke", show_progress=False, root=fake_root, verify=False)
+    # each seed whole in its own worker process (the cpu profile's path), loaded again below
+    results = digits.run(
+        cfg, profile="smoke", show_progress=False, root=fake_root, verify=False, workers=2
+    )
     assert tuple(results) == SCHEMA and results["seeds"] == [0, 1]
     m = results["models"]
     for kind in digits.KINDS:
