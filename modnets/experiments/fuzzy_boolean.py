@@ -342,7 +342,8 @@ def target_scaler(data: MultiTaskData) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: MultiTaskData, batch_size: int = 4096) -> torch.Tensor:
+@torch.no_grad()
+def evaluate(model: nn.Module, data: MultiTaskData, batch_size: int = 256) -> torch.Tensor:
     """R^2 per function on the validation split, on the original scale of the targets.
 
     The model predicts standardised targets; mapping its predictions back by the same affine map

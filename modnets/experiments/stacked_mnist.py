@@ -310,6 +310,7 @@ def loss(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def predict(model: nn.Module, data: StackedMNIST, batch_size: int = VAL_BATCH) -> Tensor:
     """Logits ``(N, 10)`` in evaluation mode."""
     model.eval()

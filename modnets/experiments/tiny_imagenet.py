@@ -395,6 +395,7 @@ def train(model: nn.Module, data: Data, train: TinyImageNetTrain, config: TrainC
 
 
 @torch.no_grad()
+@torch.no_grad()
 def evaluate(
     model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 256, **forward_kwargs
 ) -> dict:
