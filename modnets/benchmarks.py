@@ -1233,7 +1233,7 @@ BENCHMARKS = {
 }
 
 
-#: The benchmarks that take ``precision`` and ``compile`` (the ratios issue #16 asks for on a GPU).
+#: The benchmarks that take ``precision`` and ``compile`` (the ratios to measure on a GPU).
 VARIANT_BENCHMARKS = (
     "modulated",
     "ni_vectorised",

@@ -37,7 +37,7 @@ __all__ = [
 
 #: :func:`routing_regime`: a function is *used* when it carries at least this share of the
 #: tokens' total routing weight; routing is *collapsed* when at most ``COLLAPSED_FUNCTIONS`` are
-#: used (issue #17: the fuzzy NI routed every variable token through the same two of six), and
+#: used (a fuzzy NI once routed every variable token through the same two of six), and
 #: *uniform* when the tokens' routing entropy is at least ``UNIFORM_ENTROPY`` of ``log U`` (equal
 #: weight on 4.3 of 5 functions gives 0.91, on 3 of 5 0.68). Fixed before any experiment's
 #: numbers were read against them.

@@ -115,8 +115,8 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
 
 DEFAULT_REFINE_STEPS = 10
 # Up to this many nodes, the sort steps for a Chung-Lu-like prior are followed by exact linear steps
-# (dense assignments). On the near rank-one gradients of such a prior they cost about 4 ms at U = 64
-# but 20 ms at 128 and 1.3 s at 1,024, and beyond 64 nodes they lower the loss by under 1 %.
+# (dense assignments): beyond 64 nodes their cost grows fast on the near rank-one gradients of
+# such a prior, and they lower the loss by under 1 %.
 _DENSE_LSA_MAX_NODES = 64
 # The class-ordering QAP (greedy growth from several starts, then exchanges) runs for up to this
 # many classes; its cost grows like classes^3 per start.
@@ -522,13 +522,7 @@ def match_permutation(P: Tensor, prior: Tensor, refine_steps: int = DEFAULT_REFI
     with the best of 4 at 320; it finds the exact minimum in 35 of 40 random 5- and 6-node
     problems (``tests/test_graphs.py``). Known gap: on strongly clipped scale-free priors
     (``beta = 1``) with more than 64 modules the sort steps leave up to 1 % of the loss that exact
-    linear steps would find (at 20 ms for 128 modules, seconds for 1,024).
-
-    Cost of one :class:`GraphPriorRegularizer` evaluation on one CPU thread (``python -m bench
-    --only graph_prior``): at ``U = 320``, 0.7 ms (Erdős-Rényi), 2-4 ms (scale-free, the NAC
-    default), 3-6 ms (blocks and cliques near the prior) and 21-25 ms (blocks and cliques on
-    ``P`` of random signatures); at ``U = 1,024``, 13 ms, 34-57 ms, 29-36 ms and 0.4-0.5 s. The
-    NAC eq. 9 heuristic took 5-49 ms at 320 and 0.3-1.4 s at 1,024.
+    linear steps would find (too slow there to run every step).
     """
     _check_square("P", P)
     _check_square("prior", prior)

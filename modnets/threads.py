@@ -4,8 +4,7 @@ torch's CPU kernels run on libgomp (GNU OpenMP) threads. By default a thread tha
 share of a parallel region *spins* for about 300,000 iterations before it sleeps, waiting for the
 others. That is fastest on a quiet machine, and ruinous when another process holds one of the
 cores: the spinning thread keeps its core while the thread it waits for cannot run. On two cores,
-a small model's training step then runs 5-6x slower (chapter 12, ``thread_policy``; a ``make
-book`` next to a busy process took 18 minutes for chapter 4 instead of about one).
+a small model's training step then runs several times slower (chapter 12, ``thread_policy``).
 
 The policy: use every core (two threads beat one on a quiet machine for every experiment's
 step), but let waiting threads spin only :data:`GOMP_SPINCOUNT` iterations before they sleep.

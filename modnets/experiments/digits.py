@@ -111,9 +111,8 @@ PAPER = {
 def _pretrain_tc(lr: float, epochs: int = 100, batch_size: int = 128, **speed) -> TrainConfig:
     """The pretraining optimiser: AdamW, 5 % warm-up then cosine, bf16 autocast on CUDA.
 
-    ``clip_grad_norm=1.0``: the digits training loop has clipped the gradient norm at 1.0 since
-    the experiment's first version (commit 170b25f); NI §4.2 states no clipping, so this is our
-    choice, kept so that the conversion to :func:`modnets.training.fit` changes no training."""
+    ``clip_grad_norm=1.0``: NI §4.2 states no clipping, so this is our choice (the digits
+    training has clipped the gradient norm at 1.0 from its first version)."""
     return TrainConfig(
         epochs=epochs,
         batch_size=batch_size,
@@ -146,7 +145,7 @@ class DigitsTrain:
     # 3.05x at cpu; a test holds every profile to 2.5-3.5x.
     vit: dict = field(default_factory=lambda: {"dim": 96})
     vit_depth: int = 8
-    # The secondary, parameter-matched ViT (issue #17): NIConfig overrides and depth for about the
+    # The secondary, parameter-matched ViT: NIConfig overrides and depth for about the
     # NI's parameters (0.90x here; cpu: 0.96x); a test holds every profile to 0.85-1.15x.
     vit_small: dict = field(default_factory=lambda: {"dim": 96, "mlp_hidden": 384})
     vit_small_depth: int = 4
@@ -183,14 +182,14 @@ class DigitsConfig:
     sample_counts: tuple[int, ...] = (150, 250, 350, 500)
     finetune_epochs: int = 10
     finetune_lr: float = 5e-4  # used when finetune_lrs is empty
-    # Per-model finetuning learning rate (issue #17): each pretrained model (NI, ViT, re-sampled
+    # Per-model finetuning learning rate: each pretrained model (NI, ViT, re-sampled
     # NI) finetunes at the candidate that adapts best on a split of the K-MNIST *pool* -- the last
     # selection_val pool images score, samples are drawn from the rest -- never on the evaluation
     # set. Chosen once per pretraining seed at the smallest sample count.
     finetune_lrs: tuple[float, ...] = ()
     selection_val: int = 1000
     # K-MNIST gets a fresh CLS token and head (None), or keeps those of this pretraining dataset
-    # (e.g. "mnist"): the paper does not say which (issue #17).
+    # (e.g. "mnist"): the paper does not say which.
     reuse_cls: str | None = None
     finetune_batch_size: int = 32
     finetune_weight_decay: float = 0.05
@@ -203,7 +202,7 @@ class DigitsConfig:
     # Pretraining snapshots of the NI and the ViT (after every epoch, thinned to at most this
     # many, the last always kept): the model ahead on validation is also adapted from its
     # snapshot whose validation accuracy is closest to the other's (the paper's "almost
-    # identical performance on the validation set", issue #17).
+    # identical performance on the validation set").
     max_snapshots: int = 25
 
     def __post_init__(self) -> None:

@@ -124,7 +124,7 @@ class FuzzyBooleanTrain:
     num_variables: int = 5
     task_seed: int = 0  # the functions and their points (see :func:`task_for`)
     # "truth_tables": random truth tables in fuzzy DNF, what the paper's "2^(2^N)" counts;
-    # "formulas": random and/or/not formulas of depth 2-3 sharing sub-expressions (issue #17).
+    # "formulas": random and/or/not formulas of depth 2-3 sharing sub-expressions.
     family: str = "truth_tables"
     pretrain: TrainConfig = _tc(epochs=20, batch_size=256, lr=1e-3)
     finetune: TrainConfig = _tc(epochs=3, batch_size=256, lr=1e-3)
@@ -154,7 +154,7 @@ class FuzzyBooleanTrain:
 
 @dataclass(frozen=True)
 class FuzzyBooleanSweep:
-    """The routing sweep of issue #17, run before the experiment: each candidate ``(truncation,
+    """The routing sweep, run before the experiment: each candidate ``(truncation,
     type_dim, straight_through)`` pretrains from ``seed`` as the experiment does (``epochs``:
     the pretraining's when ``None``) on the training points but the last
     ``selection_fraction``, which score it (R^2) and whose routing is diagnosed

@@ -135,7 +135,7 @@ class StackedMNISTTrain:
     canvases and the batch size are not given: 30k canvases per digit count, batch 64). App. C
     does not say how the final 4x4 map becomes ten outputs; ``pool="flatten"`` (a linear layer
     on the flattened map, the plain reading of a CNN with a multi-label linear head) is the
-    default (issue #18); ``"max"`` (global max pooling, then a linear layer: "is this digit
+    default; ``"max"`` (global max pooling, then a linear layer: "is this digit
     anywhere?") is invariant to the number of digits, and the experiment trains it beside the
     flattened head for the dip diagnostic (:attr:`StackedMNISTConfig.dip_pools`).
 
@@ -214,8 +214,7 @@ CONFIGS = {
                           optim=_optim(1, 16), finetune_epochs=1),
         seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # Chapter 11 cold at this profile: 20.6 minutes on two quiet CPU cores (2026-11-24, issue
-    # #18), three seeds. A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per
+    # Three seeds (chapter 11's cold time: book/setup.md). A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per
     # training count, batches of 16 (the plain CNN without batch norm needs many steps before
     # it starts to learn), 15 epochs of the CNN (the chapter checks, run by run, whether its
     # best validation accuracy has stopped rising), then 2 epochs of both models from it
@@ -354,7 +353,7 @@ def train(model: nn.Module, data: dict, optim: TrainConfig, seed: int = 0,
         ds = train_sets[c]
         return loss(net, _inputs(ds.images[idx], device), ds.targets[idx].to(device))
 
-    def val(m):  # the validation accuracy, and the NFM's gamma per read (issue #18)
+    def val(m):  # the validation accuracy, and the NFM's gamma per read
         nfm = m.nfm if isinstance(m, ConvNet) else None
         return {"acc": _val_accuracy(m, val_sets), **({"gamma": nfm.gammas()} if nfm else {})}
 
@@ -424,8 +423,8 @@ _NFM_ONLY = ("passes", "top_k", "num_heads", "key_dim", "value_dim", "placement"
 
 def convergence_gain(val: list[float], tail: float = 0.2) -> float:
     """How much the best validation accuracy rose over the last ``tail`` of the epochs:
-    ``max(val) - max(val[:-n])`` with ``n = max(1, round(tail * len(val)))`` (issue #18 calls a
-    run converged when this is below 1 point). 0 for fewer than two epochs."""
+    ``max(val) - max(val[:-n])`` with ``n = max(1, round(tail * len(val)))`` (a run counts as
+    converged when this is below 1 point). 0 for fewer than two epochs."""
     if not 0 < tail < 1:
         raise ValueError(f"tail must be in (0, 1), got {tail}")
     val = [float(v) for v in val]

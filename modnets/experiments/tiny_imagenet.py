@@ -210,9 +210,9 @@ GPU_NAC = {"num_read_in": 64, "straight_through": True}
 #: mediators only -- a 2-layer, 10-epoch circuit routes around its mediators, and no order can
 #: matter. No DropPath (a 0.1 stochastic depth slows a 10-epoch run and Perceiver IO has none);
 #: LayerScale, code noise, noisy initial states and per-example kernels as the public code.
-#: Those three regularisers are meant for 400 epochs: measured 2026-11-23 (three seeds, 10 epochs),
-#: the NAC reached 42.5 +- 1.2 % top-1 with them and 45.6 +- 0.4 % without them (Perceiver IO
-#: 46.5 +- 0.7 %). They stay: that comparison is on the validation images, the test set here.
+#: Those three regularisers are meant for 400 epochs and cost a 10-epoch run accuracy (chapter
+#: 10's implementation notes); they stay: that comparison was on the validation images, the
+#: test set here.
 CPU_NAC = {"num_read_in": 0, "straight_through": True, "drop_path": 0.0}
 #: cpu: the signatures and bandwidth learn at 1e-2 (the rest at 1e-3): measured over 3 epochs,
 #: mean off-diagonal P moves from 0.15 to 0.135 at 1e-3 and to 0.036 at 1e-2 (the scale-free
@@ -238,10 +238,8 @@ CONFIGS = {
         throughput_batch=8, throughput_repeats=1, eval_batch=64,
     ),
     # 20 classes (10,000 train / 1,000 val images), 64 processor and 8 read-out modules, dim 64,
-    # 2 layers (ffn 128, codes 32), 10 epochs, three seeds of both models. Measured cold
-    # (2026-11-23, two quiet cores, nbconvert wall time): 13.5 min for chapter 10 -- per seed about
-    # 1.6 min of Perceiver IO training, 2.3 min of NAC training and 0.4 min of drop curves (three
-    # orders, five random draws), throughput and diagnostics. The short schedule takes a higher
+    # 2 layers (ffn 128, codes 32), 10 epochs, three seeds of both models (chapter 10's cold
+    # time: book/setup.md). The short schedule takes a higher
     # learning rate than Table 4's and one warm-up epoch.
     "cpu": TinyImageNetConfig(
         TinyImageNetTrain(

@@ -7,59 +7,27 @@ compatibilities of both tokens and renormalised over keys (NI eq. 7)::
     W~_uhij = C_ui C_uj softmax_j(q_uhi . k_uhj / sqrt(d_key))
     W_uhij  = W~_uhij / (eps + sum_j W~_uhij)
 
-The renormalisation is a division, not a second softmax (a failed public reproduction used a
-softmax here). A query token with ``C_ui = 0`` gets an all-zero row: the function does not touch it.
+The renormalisation is a division, not a second softmax: ``exp(0) = 1`` would give every
+blocked token weight again. A query token with ``C_ui = 0`` gets an all-zero row: the function
+does not touch it.
 
-The forward pass never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = softmax_j(A_ij)``,
+The fused path never builds the ``(B, U, H, T, T)`` weights. With ``s_ij = softmax_j(A_ij)``,
 ``sum_j W_ij v_j = C_i N_i / (eps + C_i D_i)`` where ``N_i = sum_j s_ij C_j v_j`` and
 ``D_i = sum_j s_ij C_j``: one ``F.scaled_dot_product_attention`` over values ``[C_j v_j, C_j]``
 gives both (queries and keys padded with zero channels, so all three share a head width and the
-fused CPU / GPU kernels apply; on a GPU the width is rounded up to :data:`FUSED_ALIGN`). That is NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact
-zeros in ``C`` are ordinary numbers. :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7,
-and ``fused=False`` runs the forward pass through it. The fused path also computes ``q``, ``k``
-and ``v`` in one product (:meth:`ModAttn.project`: each function's three ModLins stacked), so
-``x`` is read once and its gradient comes back from one product; it writes the mixed heads
-function-major, where the out ModLin reads them without a copy. On two CPU cores that took the
-fused NI training step at the paper's 4x4 patches from 1.12x to 1.19x NI eq. 7's speed (fastest
-of 12 alternating rounds; 1.23x to 1.32x in the median) and changed nothing measurable at 18
-tokens.
+fused CPU / GPU kernels apply; on a GPU the width is rounded up to :data:`FUSED_ALIGN`). That is
+NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact zeros in ``C`` are ordinary
+numbers. It also computes ``q``, ``k`` and ``v`` in one product (:meth:`ModAttn.project`) and
+writes the mixed heads function-major, where the out ModLin reads them without a copy.
+:meth:`ModAttn.attention_weights` keeps the readable NI eq. 7, and ``fused=False`` runs the
+forward pass through it.
 
-Which is faster depends on the number of tokens ``T``. On CUDA the fused kernels win. On a CPU
-(two cores, torch 2.13, d 64, 4 heads, a fixed B U T), a ModAttn forward + backward through the
-fused kernel is 1.7x *slower* at ``T = 18`` (chapter 6's 8x8 patches: the weights are then no
-larger than the queries, and the kernel's per-head overhead dominates) and 2.4-3.8x faster at
-``T = 256``; where the two cross moved between 32 and 128 tokens from one run to the next (with
-the thread policy of :mod:`modnets.threads`: about 64). Much of that movement is glibc's
-``malloc``: it serves the reference's multi-megabyte weights either with fresh pages from the
-kernel (page faults on every step) or from memory it kept, depending on what the process
-allocated before. Run with ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` set to 4 GB
-(memory always kept), the reference at ``T = 64`` took 12.3 ms instead of 24.6 ms, and the fused
-path won only from 128 tokens without a bias (from 64 with a learned one); the cpu digits
-training step (18 tokens) did not change. ``fused=None`` (the default) therefore
-picks the fused kernel on CUDA and, on a CPU, from :data:`FUSED_MIN_TOKENS` tokens on
-(``python -m bench --only modattn_tokens`` measures the choice).
-
-A learned ``bias`` (the relative positions of chapter 6): torch's fused CPU kernel cannot give the
-bias its gradient, so on a CPU ``F.scaled_dot_product_attention`` falls back to its math kernel,
-which keeps the ``(B, U H, T, T)`` weights for backward. With the bias broadcast over the batch
-(the ``(B, U H)`` layout below) that fallback still beats NI eq. 7 as written: ModAttn forward +
-backward with a learned bias, two cores, 1.05x at ``T = 32``, 1.36x at ``T = 66`` (the paper's
-4x4 patches) and 2.0x at ``T = 130``. (With a per-example copy of the bias it had been 0.89x at
-``T = 66``.) So ``fused=None`` uses the same threshold with or without a bias. A hand-written
-``torch.autograd.Function`` does not beat NI eq. 7 at chapter 6's 18 tokens either: one that
-keeps no weights (the softmax recomputed in backward, seven ``bmm`` in all) took 4.69 ms for
-the mixing of one ModAttn forward + backward at the cpu digits shape, NI eq. 7 as written
-4.61 ms. At ``T = 18`` the mixing is many small products and passes over ``B U H T T`` numbers
-however it is written: its bare products and softmax, forward and backward, took 3.7 ms of a
-43 ms cpu digits step, while a 1.3x faster step would have left the whole mixing under 2 ms once
-the rest of the step was paid (``python -m bench --only ni_fused`` prints both). On a GPU, the memory-efficient kernel differentiates the bias but keeps its own copy of it, padded to
-``(B, U H, T, 8 ceil(T / 8))``, as large as the weights (on an H100, torch 2.11, one training step
-at the gpu digits configuration peaked at 4,840 MiB fused and 5,050 MiB through NI eq. 7).
-
-Under ``torch.compile`` (:func:`modnets.training.maybe_compile`), ``fused=None`` takes NI eq. 7 as
-written: Inductor fuses its element-wise work itself. On an H100 (torch 2.11) the compiled
-reference step was faster than the compiled fused one at the cpu digits configuration (13.8 vs
-16.8 ms), and compiling the fused path failed in Inductor at the gpu digits configuration.
+Which path is faster depends on the number of tokens: the fused kernel wins on CUDA, and on a
+CPU from about :data:`FUSED_MIN_TOKENS` tokens on (below that its per-head overhead dominates).
+``fused=None`` (the default) picks accordingly, with or without a learned ``bias`` (the
+relative positions of chapter 6); under ``torch.compile`` it takes NI eq. 7 as written, whose
+element-wise work Inductor fuses itself. Chapter 12 measures all of it (``python -m bench
+--only modattn_tokens ni_fused``).
 """
 
 from __future__ import annotations
@@ -74,7 +42,8 @@ from modnets.nn.modulated import ModLin, streams_linear
 
 __all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
 
-#: On a CPU, ``fused=None`` uses the fused kernel from this many tokens on (measured; see above).
+#: On a CPU, ``fused=None`` uses the fused kernel from this many tokens on (chapter 12 measures
+#: where the two paths cross).
 FUSED_MIN_TOKENS = 64
 
 

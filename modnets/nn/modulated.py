@@ -149,9 +149,8 @@ def streams_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Ten
     The ``U`` products are one ``baddbmm`` with the bias added inside it (in :func:`_row_blocks`
     blocks of rows per function), and the result is a view of its ``(U, ..., T, d_out)`` memory,
     not copied back; ``x`` stored function-major (a ``movedim`` of ``(U, ..., T, d_in)`` memory)
-    is read without a copy. On two CPU cores (torch 2.13), against an ``einsum`` then the bias:
-    ModLin forward + backward at chapter 6's attention shape (x 64x5x18x64) went from 1.73x to
-    1.39x ``nn.Linear``'s time, and the cpu digits NI training step from ~50 to ~46 ms."""
+    is read without a copy: fewer passes over memory than an ``einsum`` then the bias (chapter
+    12, ``modulated``)."""
     U, d_out, d_in = weight.shape
     xu = x.movedim(-3, 0)  # (U, ..., T, d_in): a view if x is stored function-major
     rows = xu.shape[1:-1]
