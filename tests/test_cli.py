@@ -1,8 +1,13 @@
 """The experiments' command line: where it writes is checked before it trains, and Ctrl-C
 always stops with a message saying what was saved."""
 
+import json
 import os
+import random
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -67,3 +72,37 @@ def test_ctrl_c_during_the_last_evaluation_is_not_swallowed(tmp_path):
         resume=True,
     )
     assert hist["step"] == [1, 2] and hist["epoch"] == [1]  # nothing trained again
+
+
+def _without_times(obj):
+    """Results with every timing left out (what differs between two runs of the same work)."""
+    if isinstance(obj, dict):
+        return {k: _without_times(v) for k, v in obj.items() if "seconds" not in k}
+    if isinstance(obj, list):
+        return [_without_times(v) for v in obj]
+    return obj
+
+
+def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(tmp_path):
+    """A real SIGINT to the command line somewhere in a smoke run of fuzzy Booleans (its routing
+    sweep, a training, an evaluation or a checkpoint write), then ``--resume``: the same results
+    as a run never interrupted."""
+    cmd = [sys.executable, "-m", "modnets.experiments.fuzzy_boolean", "--profile", "smoke"]
+    cmd += ["--quiet", "--out"]
+
+    def env(name):
+        return {**os.environ, "MODNETS_CHECKPOINTS": str(tmp_path / name), "MODNETS_COMPILE": "0"}
+
+    start = time.perf_counter()
+    subprocess.run([*cmd, str(tmp_path / "whole.json")], env=env("a"), check=True, timeout=300)
+    whole = time.perf_counter() - start
+    out = tmp_path / "interrupted.json"
+    proc = subprocess.Popen([*cmd, str(out)], env=env("b"), stderr=subprocess.PIPE, text=True)
+    time.sleep(random.Random(0).uniform(0.4, 0.8) * whole)  # past start-up, before the end
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and not out.exists(), "the run was not stopped"
+    assert "--resume" in err
+    subprocess.run([*cmd, str(out), "--resume"], env=env("b"), check=True, timeout=300)
+    results = [json.loads(p.read_text()) for p in (tmp_path / "whole.json", out)]
+    assert _without_times(results[0]) == _without_times(results[1])
