@@ -190,12 +190,12 @@ def neural_attentive_circuit():
         gy,
         2.6,
         0.9,
-        "link probabilities\n$P_{ij}$ from $d(s_i, s_j)$ (eq. 2)",
+        "link probabilities\n$P_{ij}$ from $d(s_i, s_j)$\n(NAC eq. 2)",
         "route",
         size=8,
     )
-    _box(ax, 6.2, gy, 1.7, 0.9, "sparse kernel\n$K_{ij}$ (eq. 2)", "route", size=8)
-    _box(ax, 8.2, gy, 1.5, 0.9, "graph prior\n(eq. 6)", "route", size=8)
+    _box(ax, 6.2, gy, 1.7, 0.9, "sparse kernel\n$K_{ij}$ (NAC eq. 2)", "route", size=8)
+    _box(ax, 8.2, gy, 1.5, 0.9, "graph prior\n(NAC eq. 6)", "route", size=8)
     _arrow(ax, (2.4, gy + 0.45), (3.0, gy + 0.45))
     _arrow(ax, (5.6, gy + 0.45), (6.2, gy + 0.45))
     _arrow(ax, (8.2, gy + 0.45), (5.6, gy + 0.6), color="#b07a2a", connectionstyle="arc3,rad=0.3")
@@ -203,8 +203,13 @@ def neural_attentive_circuit():
     ax.text(0.25, 2.25, "executor: the circuit run on one input", fontsize=9, style="italic")
     row = [
         (0.2, 1.3, "input\ntokens $x_j$", "data"),
-        (1.9, 2.0, "read-in: modules\nattend to the\ninput (eqs. 4-5)", "module"),
-        (4.5, 2.3, "$L$ propagators:\nSKMDPA over the\nkernel's edges (eq. 3)\n+ ModFFN", "module"),
+        (1.9, 2.0, "read-in: modules\nattend to the input\n(NAC eqs. 4-5)", "module"),
+        (
+            4.5,
+            2.3,
+            "$L$ propagators:\nSKMDPA over the\nkernel's edges\n(NAC eq. 3) + ModFFN",
+            "module",
+        ),
         (7.4, 1.4, "read-out\nmodules", "module"),
         (9.1, 0.75, "logits", "data"),
     ]
@@ -228,7 +233,7 @@ def neural_attentive_circuit():
 def neural_function_modules():
     """NFM Algorithm 1: ``N`` blocks run for ``K`` passes; each writes its state to a memory
     that every later read attends to (sparsely, top-k, with a default slot)."""
-    fig, ax = _canvas(10, 4.2, "Neural Function Modules (NFM Algorithm 1, eqs. 1-3)")
+    fig, ax = _canvas(10, 4.2, "Neural Function Modules (NFM Algorithm 1, NFM eqs. 1-3)")
     N, K = 4, 2
     for k in range(K):
         y = 2.6 - 1.55 * k
@@ -262,7 +267,7 @@ def neural_function_modules():
         0.5,
         2.0,
         2.6,
-        "a read (eqs. 1-3):\nattend to the\nmemory, keep the\ntop k, "
+        "a read (NFM eqs.\n1-3): attend to the\nmemory, keep the\ntop k, "
         "project,\nadd with a gate\n$\\gamma = 0$ at\ninitialisation",
         "route",
         size=8,
