@@ -116,7 +116,12 @@ book-check: install
 		yaml.safe_dump(c, open('_build/check/_config.yml', 'w'))"
 	$(BIN)/jupyter-book build . -W --keep-going --config _build/check/_config.yml --path-output _build/check
 
-test: lint unit book-smoke
+# The unit tests and the smoke book run side by side, one thread each: both are streams of small
+# steps that one thread runs nearly as fast as two, so on two cores the pair takes little more
+# than the longer of the two. Each part's output is printed whole when it ends.
+test: install
+	$(MAKE) --no-print-directory lint
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target unit book-smoke
 
 lint: install
 	$(BIN)/ruff check .
