@@ -182,7 +182,7 @@ plt.tight_layout()
 #
 # The paper's numbers are 200 classes after 400 epochs at Table 4's sizes; ours are the active
 # profile's (for `cpu`: 20 classes, width 64 and 2 layers instead of 384 and 8, 64 processor
-# modules, 10 epochs, 3 seeds), so only the *comparison between the two models* is meaningful, not
+# modules, 4 epochs, 4 seeds), so only the *comparison between the two models* is meaningful, not
 # the absolute level. Ours: mean ± sd over seeds.
 
 # %%
@@ -468,8 +468,8 @@ display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 # :class: dropdown
 #
 # * **Scale.** The `cpu` profile (its cold time on two cores: book/setup.md) trains on
-#   20 classes, 10 epochs, a sixth of Table 4's
-#   width, a quarter of its depth and a fifth of its modules, three seeds. Absolute accuracies are
+#   20 classes, 4 epochs, a sixth of Table 4's
+#   width, a quarter of its depth and a fifth of its modules, four seeds. Absolute accuracies are
 #   not comparable with Table 1; the comparisons between models and across drop levels are the
 #   point, and the seeds say how much of a difference is noise.
 # * **Speed-up.** The paper measures on an A100 with 320 modules; with 64 modules on a CPU, the
@@ -485,8 +485,8 @@ display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 # * **Training details.** LayerScale (0.1), code noise and noisy initial states are the public
 #   code's settings for 400 epochs, kept at `cpu` because they were chosen before any number was
 #   seen. They cost the short run accuracy: in a separate measurement (not part of this
-#   chapter's run) a NAC without them reached 45.6 ± 0.4 % top-1 over the same three seeds against
-#   42.5 ± 1.2 % with them, next to Perceiver IO's 46.5 ± 0.7 %. Switching them off on that basis
+#   chapter's run: three seeds of 10 epochs) a NAC without them reached 45.6 ± 0.4 % top-1
+#   against 42.5 ± 1.2 % with them, next to Perceiver IO's 46.5 ± 0.7 %. Switching them off on that basis
 #   would choose a setting on the validation images, which are this chapter's test set; a
 #   held-out part of the training images is the fair place to make that choice.
 # * **The wiring's learning rate.** `cpu` gives signatures and bandwidth their own rate (1e-2),
@@ -625,7 +625,7 @@ print(
 #
 # 4. **How many seeds?** The claims use 95 % t-intervals over seeds. Show that the half-width is
 #    $t_{0.975,\,n-1}\, s/\sqrt{n}$ for $n$ seeds with standard deviation $s$, check it against
-#    `models[nac_name]["top1"]`, and find how many seeds halve the interval of three seeds at the
+#    `models[nac_name]["top1"]`, and find how many seeds halve the interval of four seeds at the
 #    same $s$.
 #
 # :::{admonition} Hint

@@ -460,3 +460,16 @@ def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
     again = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=1)
     assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
     assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]
+
+
+def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
+    rounds = sm._tasks(TINY_FT)
+    assert [{t[2] for t in r} for r in rounds] == [{"pretrain"}, {"nfm", "cnn"}]
+    assert rounds[1][0][2] == "nfm"  # the longest first
+    first = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=2)
+    files = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
+    # per seed: two pretrained CNNs (both heads), both finetuned CNNs and NFM(CNN)
+    assert len(files) == 2 * 5
+    again = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=1)
+    assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
+    assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]

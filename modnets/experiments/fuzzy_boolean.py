@@ -631,7 +631,9 @@ def run(
     chosen, sweep_report = sweep(config, None, device, show_progress, cache, resume)
     workers = harness.workers_for(workers, profile, device)
     train = functools.partial(_train_seed, config, chosen, device, resume)
-    harness.train_ahead(train, config.seeds, workers, cache, "claim seeds", show_progress)
+    harness.train_ahead(
+        train, config.seeds, workers, cache, "claim seeds", show_progress, whole_rounds=True
+    )
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:

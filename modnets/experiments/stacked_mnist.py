@@ -214,15 +214,19 @@ CONFIGS = {
                           optim=_optim(1, 16), finetune_epochs=1),
         seeds=(0, 1), test_per_count=16, eval_batch=64, read_canvases=16, probe_canvases=8,
     ),
-    # Three seeds (chapter 11's cold time: book/setup.md). A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per
-    # training count, batches of 16 (the plain CNN without batch norm needs many steps before
-    # it starts to learn), 15 epochs of the CNN (the chapter checks, run by run, whether its
-    # best validation accuracy has stopped rising), then 2 epochs of both models from it
-    # (``finetune_epochs``), and the max-pooled CNN alike for the dip diagnostic.
+    # A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per training count,
+    # batches of 16 (the plain CNN without batch norm needs many steps before it starts to
+    # learn), 8 epochs of the CNN, then 1 epoch of both models from it (``finetune_epochs``). On
+    # the selection seed the CNN's validation accuracy stopped rising after 7 epochs at 90 % on
+    # one digit and 59 % on three, short of the regime (90 % of Table 5's CNN); the paper's
+    # width and epochs are beyond the book's budget, so the chapter trains one claim seed, shows
+    # the mechanism and reports the shortfall, and the max-pooled CNN of the dip diagnostic is
+    # left to the gpu profile.
     "cpu": StackedMNISTConfig(
         StackedMNISTTrain(train_per_count=6_000, val_per_count=1_000, width=8,
-                          optim=_optim(15, 16, **CPU_SPEED), finetune_epochs=2),
-        seeds=(0, 1, 2), test_per_count=1_000, read_canvases=256, probe_canvases=64,
+                          optim=_optim(8, 16, **CPU_SPEED), finetune_epochs=1),
+        seeds=(0,), selection_seeds=(100,), dip_pools=(), test_per_count=1_000,
+        read_canvases=256, probe_canvases=64,
     ),
     "gpu": StackedMNISTConfig(),
 }  # fmt: skip
@@ -308,7 +312,6 @@ def loss(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.binary_cross_entropy_with_logits(net(x).float(), y)
 
 
-@torch.no_grad()
 @torch.no_grad()
 def predict(model: nn.Module, data: StackedMNIST, batch_size: int = VAL_BATCH) -> Tensor:
     """Logits ``(N, 10)`` in evaluation mode."""
@@ -396,11 +399,8 @@ def trained_model(kind: str, config: StackedMNISTConfig, seed: int, data: dict |
         return load_or_train(f"{NAME}-{kind}", t, seed, lambda: build_model(kind, t),
                              fit_with(t.optim, f"{MODELS[kind]} (seed {seed})"), code=TRAIN_CODE,
                              data=fingerprint, device=device, cache=cache, resume=resume)  # fmt: skip
-    # the CNN's pretraining: keyed without what only the finetuning uses
-    pre_t = replace(t, finetune_epochs=0, **{f: getattr(StackedMNISTTrain, f) for f in _NFM_ONLY})
-    cnn, pre_hist = load_or_train(f"{NAME}-cnn", pre_t, seed, lambda: build_model("cnn", pre_t),
-                                  fit_with(t.optim, f"CNN (seed {seed})"), code=TRAIN_CODE,
-                                  data=fingerprint, device=device, cache=cache, resume=resume)  # fmt: skip
+    args = (data, device, show_progress, cache, resume, root, verify)
+    cnn, pre_hist = pretrained_cnn(config, seed, *args)
     weights = {k: v.detach().clone() for k, v in cnn.state_dict().items()}
 
     def build() -> ConvNet:
@@ -414,6 +414,44 @@ def trained_model(kind: str, config: StackedMNISTConfig, seed: int, data: dict |
                                 code=TRAIN_CODE, data=fingerprint, device=device, cache=cache,
                                 resume=resume)  # fmt: skip
     return model, {**hist, "pretrain": pre_hist}
+
+
+def pretrained_cnn(
+    config: StackedMNISTConfig,
+    seed: int,
+    data: dict | None = None,
+    device=None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    verify: bool = True,
+) -> tuple[ConvNet, dict]:
+    """The CNN that both kinds go on from when ``finetune_epochs`` is set, and its history:
+    trained for ``optim.epochs``, keyed without what only the finetuning uses."""
+    t = config.train
+    data = training_data(t, root, verify) if data is None else data
+    pre_t = replace(t, finetune_epochs=0, **{f: getattr(StackedMNISTTrain, f) for f in _NFM_ONLY})
+
+    def fit_it(model, state_path, resume):
+        desc = f"CNN (seed {seed})"
+        return train(model, data, t.optim, seed, desc, show_progress, state_path, resume)
+
+    fingerprint = harness.data_fingerprint(*_mnist_files(root, "train"))
+    build = functools.partial(build_model, "cnn", pre_t)
+    device = device or default_device()
+    return load_or_train(
+        f"{NAME}-cnn",
+        pre_t,
+        seed,
+        build,
+        fit_it,
+        code=TRAIN_CODE,
+        data=fingerprint,
+        device=device,
+        cache=cache,
+        resume=resume,
+    )
 
 
 #: :class:`StackedMNISTTrain` fields that only NFM(CNN) uses (the CNN's checkpoint ignores them).
@@ -506,13 +544,28 @@ def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
 def _train_task(
     config: StackedMNISTConfig, device, resume: bool, root, verify: bool, task: tuple
 ) -> None:
-    """Train (into checkpoints) what :func:`run`'s loop loads for ``task = (seed, pool)``: both
-    models with the configured head, or the plain CNN with the dip diagnostic's ``pool``."""
-    seed, pool = task
-    kinds = MODELS if pool == config.train.pool else ("cnn",)
+    """Train (into checkpoints) what :func:`run`'s loop loads for ``task = (seed, pool, kind)``:
+    ``kind`` ("cnn", "nfm", or "pretrain": the CNN both go on from) with the head ``pool``."""
+    seed, pool, kind = task
     config = replace(config, train=replace(config.train, pool=pool))
-    for kind in kinds:
+    if kind == "pretrain":
+        pretrained_cnn(config, seed, None, device, False, True, resume, root, verify)
+    else:
         trained_model(kind, config, seed, None, device, False, True, resume, root, verify)
+
+
+def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
+    """:func:`_train_task`'s tasks in rounds that depend on the ones before: the CNNs that the
+    finetuned models go on from first (when ``finetune_epochs``), then every model, longest
+    (NFM) first so that the workers finish together."""
+    heads = [
+        (seed, pool) for seed in config.seeds for pool in (config.train.pool, *config.dip_pools)
+    ]
+    models = [(seed, config.train.pool, "nfm") for seed in config.seeds]
+    models += [(seed, pool, "cnn") for seed, pool in heads]
+    if not config.train.finetune_epochs:
+        return [models]
+    return [[(seed, pool, "pretrain") for seed, pool in heads], models]
 
 
 def run(
@@ -542,11 +595,10 @@ def run(
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODELS.values()}
     diag_per_seed = []
-    pools = (config.train.pool, *config.dip_pools)
-    tasks = [(seed, pool) for seed in config.seeds for pool in pools]
     workers = harness.workers_for(workers, profile, device)
     train = functools.partial(_train_task, config, device, resume, root, verify)
-    harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
+    for tasks in _tasks(config):
+        harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
