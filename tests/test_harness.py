@@ -378,6 +378,22 @@ def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
         harness.check_results({**ok, "regime": {}})
 
 
+def test_smoke_results_decide_no_claim_and_keep_its_numbers():
+    claim = cl.test("table1-type-beats-cls", [0.2, 0.3, 0.25, 0.28])
+    assert claim.verdict == "reproduced"
+
+    def results(profile):
+        parts = ([0, 1], {}, {}, [claim], {"code_fingerprint": "f"})
+        regime = harness.regime("r", {})
+        return harness.results_dict("x", profile, fb.CONFIGS[profile], *parts, regime=regime)
+
+    (smoke,) = results("smoke")["claims"]
+    assert smoke["verdict"] == smoke["verdict_holm"] == "not testable here"
+    assert smoke["reason"].startswith("not testable at smoke")
+    assert smoke["interval"] == claim.as_dict()["interval"] and smoke["mde"] == claim.mde
+    assert results("cpu")["claims"] == [claim.as_dict()]
+
+
 # ----------------------------------------------------------------------------- probes
 
 

@@ -442,7 +442,11 @@ def results_dict(
 
     ``selection_seeds``: the seeds any choice of the configuration was made on (sweeps, learning
     rates); never claim seeds. ``regime``: what the claims presuppose of the trained models
-    (``{"required", "reached", "shortfall", "measured"}``)."""
+    (``{"required", "reached", "shortfall", "measured"}``). At ``smoke`` every claim is ``not
+    testable here`` (:data:`SMOKE_REASON`), its numbers kept."""
+    claims = [c if isinstance(c, dict) else c.as_dict() for c in claims]
+    if profile == "smoke":
+        claims = [_at_smoke(c) for c in claims]
     out = {
         "experiment": experiment,
         "profile": profile,
@@ -452,11 +456,21 @@ def results_dict(
         "regime": _plain(regime if regime is not None else {}),
         "models": _plain(models),
         "diagnostics": _plain(diagnostics),
-        "claims": [c if isinstance(c, dict) else c.as_dict() for c in claims],
+        "claims": claims,
         "provenance": provenance,
     }
     check_results(out)
     return out
+
+
+#: Why no claim is decided at the ``smoke`` profile.
+SMOKE_REASON = "not testable at smoke: the smoke profile proves the code paths and decides nothing"
+
+
+def _at_smoke(claim: dict) -> dict:
+    """``claim`` (a dict) as the smoke profile reports it: not testable, its numbers kept."""
+    verdicts = dict.fromkeys(("verdict", "verdict_holm"), "not testable here")
+    return {**claim, **verdicts, "reason": SMOKE_REASON}
 
 
 #: What every results file's ``regime`` holds.
