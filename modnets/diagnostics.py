@@ -286,7 +286,7 @@ def circuit(model) -> dict:
 
     with torch.no_grad():
         P = model.mediator_links().detach().float().cpu()
-    out = {**links(P), "bandwidth": float(model.bandwidth)}
+    out = {**links(P), "bandwidth": float(torch.as_tensor(model.bandwidth).detach())}
     reg = model.graph_prior
     if reg is not None:
         prior = reg.prior.detach().float().cpu()
