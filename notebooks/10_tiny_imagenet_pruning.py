@@ -140,11 +140,11 @@ print("tokens:", tuple(tokens.shape))
 # The NAC is the one chapters 7-9 built, with the public code's kernel: truncated at a cosine
 # distance of 0.9, a learnable bandwidth, and the straight-through gradient chapter 7 measured to
 # meet the prior better. At `cpu` its signatures and bandwidth learn at 1e-2 (the rest at 1e-3):
-# 1,560 steps instead of the paper's ~39,000 (Table 4: batch 1,024, 400 epochs of 100,000
+# a few hundred steps (4 epochs of 156 at 20 classes) instead of the paper's ~39,000 (Table 4: batch 1,024, 400 epochs of 100,000
 # images) leave the wiring no time to move at the common rate (mean $P$ 0.15 → 0.135 in three
 # epochs, against 0.036 at 1e-2). Also at `cpu`, every processor
 # module reads the input (no separate read-in modules, chapter 9): with 16 read-in modules, a
-# two-layer, ten-epoch NAC routed around its mediators (dropping 80 % of them cost at most 0.3
+# two-layer NAC trained for 3 epochs routed around its mediators (dropping 80 % of them cost at most 0.3
 # points in any order), which would leave nothing to test. `gpu` keeps the public code's 64
 # read-in modules and 256 mediators and drops mediators only.
 
@@ -631,14 +631,14 @@ print(
 # :::{admonition} Hint
 # :class: dropdown
 # The interval is the mean plus or minus $t_{0.975,\,n-1}$ standard errors $s/\sqrt{n}$.
-# $t_{0.975,\,2}/\sqrt{3} \approx 2.48$ and $t_{0.975,\,4}/\sqrt{5} \approx 1.24$: five seeds
-# halve it. The $t$ quantile falls fast from two degrees of freedom, so the first extra seeds buy
-# the most.
+# $t_{0.975,\,3}/\sqrt{4} \approx 1.59$, $t_{0.975,\,7}/\sqrt{8} \approx 0.84$ and
+# $t_{0.975,\,8}/\sqrt{9} \approx 0.77$: nine seeds halve it. The $t$ quantile falls fast from
+# three degrees of freedom, so the first extra seeds buy the most.
 #
 # ```python
 # from scipy import stats
 #
-# for n in (3, 5, 10):
+# for n in (4, 8, 9):
 #     print(n, stats.t.ppf(0.975, n - 1) / n**0.5)
 # s = models[nac_name]["top1"]
 # half = stats.t.ppf(0.975, s["n"] - 1) * s["sd"] / s["n"] ** 0.5

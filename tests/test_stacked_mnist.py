@@ -101,7 +101,7 @@ TINY = dataclasses.replace(
     probe_canvases=4,
     dip_pools=(),
 )
-# the cpu profile's protocol: the CNN first, then both models from it; the max head beside
+# the cpu profile's protocol (the CNN first, then both models from it), the max head beside
 TINY_FT = dataclasses.replace(
     TINY, train=dataclasses.replace(TINY.train, finetune_epochs=1), dip_pools=("max",)
 )

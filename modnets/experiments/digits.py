@@ -141,8 +141,8 @@ class DigitsTrain:
     ni: dict = field(default_factory=dict)  # NIConfig overrides
     # NIConfig overrides for the ViT. NI §4.2 compares with a ViT of about 3x the NI's parameters
     # (and "almost identical performance on the validation set"): at the configured depth the
-    # width is chosen for that ratio -- dim 96 gives 2.91x at this (gpu) configuration, dim 64
-    # 3.05x at cpu; a test holds every profile to 2.5-3.5x.
+    # width is chosen for that ratio -- dim 96 gives 2.91x at this (gpu) configuration, dim 80
+    # at depth 4 3.13x at cpu; a test holds every profile to 2.5-3.5x.
     vit: dict = field(default_factory=lambda: {"dim": 96})
     vit_depth: int = 8
     # The secondary, parameter-matched ViT: NIConfig overrides and depth for about the

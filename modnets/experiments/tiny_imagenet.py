@@ -207,17 +207,17 @@ GPU_NAC = {"num_read_in": 64, "straight_through": True}
 #: mediator, so dropping 80 % of the modules also drops read-in capacity (the harsher reading).
 #: Measured with 16 read-in modules of 64 (a fifth, as 64 of 320) after 3 epochs: dropping 80 %
 #: of the mediators cost at most 0.3 points in any order, also with the read-out reading the
-#: mediators only -- a 2-layer, 10-epoch circuit routes around its mediators, and no order can
-#: matter. No DropPath (a 0.1 stochastic depth slows a 10-epoch run and Perceiver IO has none);
-#: LayerScale, code noise, noisy initial states and per-example kernels as the public code.
-#: Those three regularisers are meant for 400 epochs and cost a 10-epoch run accuracy (chapter
-#: 10's implementation notes); they stay: that comparison was on the validation images, the
+#: mediators only -- a 2-layer circuit on a short schedule routes around its mediators, and no
+#: order can matter. No DropPath (a 0.1 stochastic depth slows a short run and Perceiver IO has
+#: none); LayerScale, code noise, noisy initial states and per-example kernels as the public
+#: code. Those three regularisers are meant for 400 epochs and cost a 10-epoch run accuracy
+#: (chapter 10's implementation notes); they stay: that comparison was on the validation images, the
 #: test set here.
 CPU_NAC = {"num_read_in": 0, "straight_through": True, "drop_path": 0.0}
 #: cpu: the signatures and bandwidth learn at 1e-2 (the rest at 1e-3): measured over 3 epochs,
 #: mean off-diagonal P moves from 0.15 to 0.135 at 1e-3 and to 0.036 at 1e-2 (the scale-free
 #: prior's density at 64 modules is ~0.03); the paper's ~39,000 steps give the wiring time that
-#: the cpu profile's 1,560 do not.
+#: the cpu profile's few hundred do not.
 CPU_CIRCUIT_LR = 1e-2
 #: cpu: four seeds of 4 epochs cost what three of 5 do and give a narrower interval
 CPU_EPOCHS = 4
