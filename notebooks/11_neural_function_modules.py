@@ -493,8 +493,8 @@ plt.tight_layout()
 # %% [markdown]
 # Has the CNN converged? We call a run converged when its best validation accuracy rose by less
 # than one point over the last 20 % of its epochs (`sm.convergence_gain`), for each head the
-# profile trains (the flattened one; at `gpu` also the max-pooled one), per seed; where the profile finetunes, the same for the finetuning of
-# both models:
+# profile trains (the flattened one; at `gpu` also the max-pooled one), per seed; where the
+# profile finetunes, the same for the finetuning of both models:
 #
 # A `no` means that run was still improving when its training stopped: its accuracies are a
 # little below what the same protocol would reach with more epochs, and a reader should read
