@@ -101,8 +101,9 @@ publish: install
 	test -f _build/html/index.html || { echo "no _build/html: run make book first" >&2; exit 1; }
 	$(BIN)/ghp-import --no-jekyll --push --force _build/html
 
+# Two test processes (pytest-xdist): the longest tests no longer queue behind each other.
 unit: install
-	$(BIN)/pytest tests
+	$(BIN)/pytest -n 2 tests
 
 nbval: install
 	MODNETS_PROFILE=smoke $(BIN)/pytest -p no:cacheprovider --nbval-lax --nbval-current-env \

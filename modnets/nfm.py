@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.probes import probe, trace
-from modnets.utils import check_input
+from modnets.utils import check_input, positive_int
 
 __all__ = [
     "ACTIVATIONS",
@@ -85,14 +85,6 @@ ACTIVATIONS = ("relu", "gelu")
 TOPK_MODES = ("sab", "exact")
 BLOCKS = ("plain", "preact")
 POOLS = ("flatten", "max", "mean")
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _tensor(value, name: str) -> Tensor:
@@ -123,7 +115,7 @@ def topk_softmax(scores: Tensor, k: int, dim: int = -1, mode: str = "sab") -> Te
 
     Shapes: any; ``scores.shape[dim]`` candidates per row.
     """
-    _positive_int(k, "k")
+    positive_int(k, "k")
     if mode not in TOPK_MODES:
         raise ValueError(f"mode must be one of {TOPK_MODES}, got {mode!r}")
     w = torch.softmax(scores, dim=dim)
@@ -279,7 +271,7 @@ class NFMAttention(nn.Module):
         for name, v in (("dim", dim), ("memory_dim", memory_dim), ("key_dim", key_dim),
                         ("value_dim", value_dim), ("num_heads", num_heads), ("top_k", top_k),
                         ("hidden_dim", hidden_dim)):  # fmt: skip
-            _positive_int(v, name)
+            positive_int(v, name)
         for name, v in (("key_dim", key_dim), ("value_dim", value_dim)):
             if v % num_heads:
                 raise ValueError(f"{name}={v} must be divisible by num_heads={num_heads}")
@@ -309,7 +301,7 @@ class NFMAttention(nn.Module):
         # (sources differ in channels); see :meth:`project`
         self.source_keys = self.source_values = None
         if source_dims is not None:
-            source_dims = [_positive_int(c, "source_dims") for c in source_dims]
+            source_dims = [positive_int(c, "source_dims") for c in source_dims]
             self.source_keys = nn.ModuleList(nn.Linear(c, key_dim, bias=False) for c in source_dims)
             self.source_values = nn.ModuleList(
                 nn.Linear(c, value_dim, bias=False) for c in source_dims
@@ -477,8 +469,8 @@ class NFMNetwork(nn.Module):
                 f"got {len(dims)}"
             )
         for d in dims:
-            _positive_int(d, "dims")
-        _positive_int(passes, "passes")
+            positive_int(d, "dims")
+        positive_int(passes, "passes")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         unknown = set(attention) - {"key_dim", "value_dim", "num_heads", "top_k", "hidden_dim",
@@ -534,7 +526,7 @@ class NFMNetwork(nn.Module):
         """NFM Algorithm 1 on feature maps ``x`` ``(B, dims[0], *size)``: the last block's
         output; with ``return_details`` an :class:`NFMOutput` with every read's weights and
         state. ``passes``: fewer (or, with shared parameters, more) passes than configured."""
-        K = self.passes if passes is None else _positive_int(passes, "passes")
+        K = self.passes if passes is None else positive_int(passes, "passes")
         if K > self.passes and not (self.share_blocks and self.share_attention):
             raise ValueError(f"passes={K} exceeds the {self.passes} passes with parameters")
         if check_input(x, self).dim() < 2 or x.shape[1] != self.dims[0]:
@@ -660,7 +652,7 @@ class ConvNet(nn.Module):
         super().__init__()
         for name, v in (("in_channels", in_channels), ("num_outputs", num_outputs),
                         ("width", width), ("num_blocks", num_blocks), ("image_size", image_size)):  # fmt: skip
-            _positive_int(v, name)
+            positive_int(v, name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
         if pool not in POOLS:

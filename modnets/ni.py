@@ -24,7 +24,7 @@ from modnets.nn.loc import LOC
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
 from modnets.probes import probe
-from modnets.utils import check_input
+from modnets.utils import check_input, positive_int
 
 __all__ = [
     "NIConfig",
@@ -38,12 +38,6 @@ __all__ = [
 RESIDUALS = ("delta", "literal")
 INPUT_KINDS = ("image", "vector")
 POSITIONALS = ("absolute", "relative")
-
-
-def _positive_int(cfg: object, name: str) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass
@@ -118,7 +112,7 @@ class NIConfig:
             "num_iterations", "num_locs", "num_heads", "mlp_hidden", "mlp_layers", "num_cls",
             "num_outputs",
         ):  # fmt: skip
-            _positive_int(self, name)
+            positive_int(getattr(self, name), name)
         if self.dim % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
         if self.type_dim < 2:
@@ -139,14 +133,14 @@ class NIConfig:
             raise ValueError("positional='relative' needs input_kind='image' (a grid of patches)")
         if self.input_kind == "image":
             for name in ("image_size", "patch_size", "in_channels"):
-                _positive_int(self, name)
+                positive_int(getattr(self, name), name)
             if self.image_size % self.patch_size:
                 raise ValueError(
                     f"patch_size={self.patch_size} must divide image_size={self.image_size}"
                 )
         else:
             for name in ("num_elements", "element_features"):
-                _positive_int(self, name)
+                positive_int(getattr(self, name), name)
 
     def replace(self, **changes) -> NIConfig:
         """A copy with some fields changed (validated again)."""

@@ -44,6 +44,16 @@ def atomic_file(path):
             os.remove(tmp)
 
 
+def positive_int(value: object, name: str) -> int:
+    """``value`` when it is a positive ``int`` (not a bool): the one check of sizes and counts
+    across the library, a ``TypeError`` or ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
 def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:
     """``x`` when it is a floating-point tensor of ``model``'s dtype; otherwise a ``TypeError``
     naming what it is and how to convert it (a model's forward calls this first)."""

@@ -54,7 +54,7 @@ from modnets import diagnostics, probes
 from modnets.experiments.tiny_imagenet import graph_penalty
 from modnets.profiles import get_profile, select
 from modnets.training import TrainConfig, fit
-from modnets.utils import seed_everything
+from modnets.utils import seed_everything, show
 from modnets.viz import draw_circuit, draw_function_shares
 
 PROFILE = get_profile()
@@ -111,7 +111,7 @@ for ax, img, label in zip(axes, x_train, y_train, strict=False):
 # narrower NFM around its CNN, fewer modules for the NAC.
 
 # %%
-print(modnets.list_models("*_cpu"))
+show(modnets.list_models("*_cpu"))
 models = {
     "NI": modnets.create_model(
         "ni_digits_cpu", image_size=64, patch_size=16, num_cls=1, num_outputs=6
@@ -237,7 +237,7 @@ with torch.no_grad():
 fig, ax = plt.subplots(figsize=(4, 4))
 draw_circuit(P, ax=ax, num_hubs=3)
 summary = diagnostics.circuit(nac)
-print({k: round(v, 3) for k, v in summary.items() if isinstance(v, float)})
+show({k: round(v, 3) for k, v in summary.items() if isinstance(v, float)})
 
 # %% [markdown]
 # What to see: how sparse the learned circuit is (few edges: the graph prior and the sparse

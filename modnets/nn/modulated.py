@@ -29,15 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.utils import positive_int
+
 __all__ = ["ModLin", "ModMLP", "ModFC", "ModFFN", "modffn_parameter_count", "streams_linear"]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
 
 
 def _check_inputs(layer: nn.Module, x: Tensor, code: Tensor) -> None:
@@ -95,9 +89,9 @@ class _Modulated(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, code_features: int, bias: bool = True):
         super().__init__()
-        self.in_features = _check_positive_int("in_features", in_features)
-        self.out_features = _check_positive_int("out_features", out_features)
-        self.code_features = _check_positive_int("code_features", code_features)
+        self.in_features = positive_int(in_features, "in_features")
+        self.out_features = positive_int(out_features, "out_features")
+        self.code_features = positive_int(code_features, "code_features")
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.code_weight = nn.Parameter(torch.empty(in_features, code_features))
@@ -255,9 +249,9 @@ class ModMLP(nn.Module):
         num_layers: int = 2,
     ):
         super().__init__()
-        _check_positive_int("num_layers", num_layers)
+        positive_int(num_layers, "num_layers")
         hidden = in_features if hidden_features is None else hidden_features
-        _check_positive_int("hidden_features", hidden)
+        positive_int(hidden, "hidden_features")
         widths = [in_features] + [hidden] * (num_layers - 1) + [out_features]
         self.layers = nn.ModuleList(
             ModLin(a, b, code_features) for a, b in zip(widths[:-1], widths[1:], strict=True)
@@ -296,7 +290,7 @@ class ModFFN(nn.Module):
         super().__init__()
         self.activation = _check_activation(activation, _ACTIVATIONS)
         hidden = 4 * in_features if hidden_features is None else hidden_features
-        _check_positive_int("hidden_features", hidden)
+        positive_int(hidden, "hidden_features")
         first_out = 2 * hidden if activation == "geglu" else hidden
         self.fc1 = ModFC(in_features, first_out, code_features, alpha=alpha)
         self.fc2 = ModFC(hidden, out_features, code_features, alpha=alpha)
