@@ -1,8 +1,12 @@
 """Run the benchmark suite and write its JSON: ``python -m bench [--profile cpu] [--only ...]``.
 
 Every benchmark times both sides in this one process and reports the ratio against its target;
-see :mod:`modnets.benchmarks`. Results go to ``_build/results/bench_<profile>.json`` (the
-performance chapter reads them) unless ``--out`` says otherwise. This script adds one benchmark
+see :mod:`modnets.benchmarks`. Results go to ``_build/results/bench_<profile>.json`` unless
+``--out`` says otherwise, with the machine and the date they were recorded on. The performance
+chapter runs the suite itself, except at ``cpu`` the ``train_steps`` row, whose compilations
+outlast the chapter's budget: it reads ``bench/recorded/cpu_train_steps.json``, which
+``python -m bench --profile cpu --only train_steps --out bench/recorded/cpu_train_steps.json``
+writes. This script adds one benchmark
 of its own to the suite, ``graph_prior`` (the graph-prior regulariser, NAC eq. 6).
 """
 
@@ -12,7 +16,9 @@ import modnets  # noqa: F401 (first: the CPU thread policy must be set before to
 
 # isort: split
 import argparse
+import datetime
 import json
+import platform
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
@@ -148,6 +154,16 @@ def bench_graph_prior(cfg: BenchConfig, device) -> dict:
 BENCHMARKS.setdefault("graph_prior", bench_graph_prior)
 
 
+def _machine() -> str:
+    """The CPU's model name (Linux), else what :mod:`platform` knows."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
@@ -181,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     results = run_all(profile, args.only, precision=args.precision, compile=args.compile)
     results["seconds"] = time.perf_counter() - start
+    results["machine"] = _machine()
+    results["recorded"] = datetime.date.today().isoformat()
     variant = "".join(
         ("_bf16" if args.precision == "bfloat16" else "", "_compile" if args.compile else "")
     )
