@@ -703,6 +703,13 @@ class NeuralAttentiveCircuit(nn.Module):
             new.edge_mask = self.edge_mask[keep][:, keep].clone()
         return new
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # a state saved after eliminate_edges carries the edge mask a fresh circuit lacks
+        mask = state_dict.get(prefix + "edge_mask")
+        if mask is not None and self.edge_mask is None:
+            self.edge_mask = torch.empty_like(mask, device=self.bandwidth.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def eliminate_edges(self, fraction: float) -> NeuralAttentiveCircuit:
         """A copy with the smallest ``fraction`` of off-diagonal ``P_ij`` set to 0 (App. F, Fig. 10).
 

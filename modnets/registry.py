@@ -212,10 +212,5 @@ def from_pretrained(folder: str | Path, map_location="cpu") -> nn.Module:
     overrides = {k: _as_tuples(v, getattr(config, k, None)) for k, v in record["overrides"].items()}
     model = create_model(record["name"], **overrides)
     state = torch.load(folder / "weights.pt", map_location=map_location, weights_only=True)
-    for prefix, module in model.named_modules():  # masks set after construction (a NAC's edges)
-        for key, value in module._buffers.items():
-            full = f"{prefix}.{key}" if prefix else key
-            if value is None and full in state:
-                module._buffers[key] = state[full]
     model.load_state_dict(state)
     return model.eval()

@@ -484,12 +484,32 @@ class _LogBuffer:
     def __init__(self):
         self.sums: dict[str, Tensor] = {}
         self.count = 0
+        self.losses: list[Tensor] = []  # each step's loss since the point before, to name a bad one
 
     def add(self, logs: dict[str, Tensor]) -> None:
         for k, v in logs.items():  # summed on the device: no sync per step
             v = v.detach().float()
             self.sums[k] = self.sums[k] + v if k in self.sums else v
+        self.losses.append(logs["loss"].detach().float())
         self.count += 1
+
+    def reset(self) -> None:
+        self.sums, self.count, self.losses = {}, 0, self.losses[-1:]
+
+    def non_finite(self, step: int) -> str:
+        """Which of the steps up to ``step`` (the last added) first had a non-finite loss, and
+        the last finite loss before it."""
+        losses = torch.stack(self.losses).tolist()
+        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if bad is None:  # another process's loss (distributed training)
+            return f"the loss became non-finite on another process by step {step}"
+        at = step - (len(losses) - 1 - bad)
+        before = (
+            f"last finite loss: {losses[bad - 1]:.6g} at step {at - 1}"
+            if bad
+            else "no finite loss seen"
+        )
+        return f"the loss became {losses[bad]} at step {at} ({before})"
 
     def state_dict(self) -> dict:
         return {"sums": {k: v.cpu() for k, v in self.sums.items()}, "count": self.count}
@@ -626,17 +646,13 @@ def fit(model: nn.Module, step: Callable, config: TrainConfig, *, n: int | None 
                         for k, v in logged.sums.items()
                     }
                     if not math.isfinite(means["loss"]):  # stop before a broken step is saved
-                        last = history["loss"][-1] if history["loss"] else None
                         raise FloatingPointError(
-                            f"the loss became {means['loss']} in steps {done - logged.count + 1}"
-                            f" to {done} (last logged loss: {last}, at step "
-                            f"{history['step'][-1] if history['step'] else None}); lower "
-                            "TrainConfig.lr or set clip_grad_norm"
+                            f"{logged.non_finite(done)}; lower TrainConfig.lr or set clip_grad_norm"
                         )
                     history["step"].append(done)
                     for k, mean in means.items():
                         history.setdefault(k, []).append(mean)
-                    logged.sums, logged.count = {}, 0
+                    logged.reset()
                 history["seconds"] = spent + time.perf_counter() - start
                 loop.step_done()
                 bar.update(1)

@@ -111,6 +111,8 @@ CASES = [
         "truncation",
     ),
     ("NIConfig dim=0", lambda: ni_cfg(dim=0), ValueError, "dim"),
+    ("NIConfig dim float", lambda: ni_cfg(dim=16.0), TypeError, "dim must be a positive int"),
+    ("NIConfig functions bool", lambda: ni_cfg(num_functions=True), TypeError, "num_functions"),
     ("NIConfig truncation", lambda: ni_cfg(truncation=3.0), ValueError, "truncation"),
     ("NIConfig input_kind", lambda: ni_cfg(input_kind="audio"), ValueError, "input_kind"),
     ("NIConfig residual", lambda: ni_cfg(residual="sum"), ValueError, "residual"),
@@ -218,6 +220,13 @@ CASES = [
     ("NFMAttention top_k", lambda: NFMAttention(8, top_k=0), ValueError, "top_k"),
     ("NFMAttention num_heads type", lambda: NFMAttention(8, num_heads=2.0), TypeError, "num_heads"),
     ("NFMNetwork dims", lambda: NFMNetwork([nn.Identity()], (3,)), ValueError, "dims"),
+    (
+        "NFMNetwork passes float",
+        lambda: NFMNetwork([nn.Identity()], (3, 3), passes=2.0),
+        TypeError,
+        "passes",
+    ),
+    ("ConvNet width float", lambda: ConvNet(num_outputs=3, width=4.0), TypeError, "width"),
     (
         "NFMNetwork placement",
         lambda: NFMNetwork([nn.Identity()], (3, 3), placement="x"),

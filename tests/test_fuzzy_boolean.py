@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from modnets.experiments import fuzzy_boolean as fb
 from modnets.experiments import harness
 from modnets.experiments.harness import SCHEMA
 from modnets.experiments.rules import EXPERIMENT_RULES
-from modnets.training import r2_score
+from modnets.training import CheckpointError, r2_score
 
 CORNERS = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)))
 
@@ -325,6 +326,25 @@ def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, m
     )
     assert set(tmp_path.glob("*.pt")) == before and set(trained) == {"pretrain", *fb.REGIMES}
     assert fb.sweep(dataclasses.replace(config, sweep=None)) == (config.train, {})
+
+
+def test_the_sweep_resumes_its_models_and_refuses_a_junk_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
+    config = fb.CONFIGS["smoke"]
+    calls, real = [], fb.train
+
+    def spy(model, data, tc, seed, desc, show_progress, state_path, resume):
+        calls.append((state_path, resume))
+        return real(model, data, tc, seed, desc, show_progress, state_path, resume)
+
+    monkeypatch.setattr(fb, "train", spy)
+    fb.sweep(config, show_progress=False, resume=True)
+    assert calls and all(resume for _, resume in calls)  # every candidate and finetune
+    for checkpoint in tmp_path.glob("*.pt"):  # nothing trained: the next sweep trains again
+        checkpoint.unlink()
+    Path(calls[0][0]).write_bytes(b"not a training state")
+    with pytest.raises(CheckpointError):
+        fb.sweep(config, show_progress=False, resume=True)
 
 
 def test_sweep_prefers_modular_routing_to_a_better_fit():

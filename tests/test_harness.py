@@ -39,7 +39,7 @@ def test_fit_logs_the_mean_loss_since_the_last_log_point():
     assert hist["loss"] == [0.5, 2.5, 4.5, 6.5]  # means of steps (0, 1), (2, 3), ...
 
 
-def test_a_non_finite_loss_stops_fit_naming_the_steps_and_the_last_finite_loss(tmp_path):
+def test_a_non_finite_loss_stops_fit_naming_the_step_and_the_last_finite_loss(tmp_path):
     model = nn.Linear(1, 1, bias=False)
     values = iter([1.0, 3.0, 5.0, 7.0, float("nan"), 1.0, 1.0, 1.0])
 
@@ -49,7 +49,7 @@ def test_a_non_finite_loss_stops_fit_naming_the_steps_and_the_last_finite_loss(t
     cfg = TrainConfig(epochs=2, batch_size=1, lr=1e-3, schedule="constant", log_points=4, amp=False)
     state = tmp_path / "state.pt"
     with pytest.raises(
-        FloatingPointError, match=r"nan in steps 5 to 6 \(last logged loss: 6.0, at step 4\)"
+        FloatingPointError, match=r"nan at step 5 \(last finite loss: 7 at step 4\)"
     ):
         fit(model, step, cfg, n=4, show_progress=False, state_path=state)
     saved = torch.load(state, weights_only=False)  # the state of the last finite epoch, kept
@@ -594,18 +594,33 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
 
 
 def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
+    from modnets.data.tiny_imagenet import _write_cache
+    from modnets.experiments.results import save_results
     from modnets.training import save_checkpoint
+
+    results = harness.results_dict(
+        "fuzzy_boolean", "cpu", {}, [0], {}, {}, [], {}, regime=harness.regime("r", {})
+    )
 
     umask = os.umask(0o022)
     try:
-        ckpt = save_checkpoint({"w": torch.zeros(2)}, tmp_path / "a" / "model.pt")
+        written = [
+            save_checkpoint({"w": torch.zeros(2)}, tmp_path / "a" / "model.pt"),
+            save_results(results, tmp_path / "a" / "r.json"),
+        ]
+        _write_cache(tmp_path / "a" / "cache.npz", np.zeros(2), np.zeros(2))
         plain = tmp_path / "plain.txt"
         plain.write_text("x")
     finally:
         os.umask(umask)
     mode = plain.stat().st_mode & 0o777
-    assert mode == 0o644 and ckpt.stat().st_mode & 0o777 == mode  # not mkstemp's 0600
-    assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]  # no temporary left
+    for path in [*written, tmp_path / "a" / "cache.npz"]:
+        assert mode == 0o644 and path.stat().st_mode & 0o777 == mode, path  # not mkstemp's 0600
+    assert sorted(p.name for p in written[0].parent.iterdir()) == [
+        "cache.npz",
+        "model.pt",
+        "r.json",
+    ]
 
 
 def test_an_interrupted_training_found_without_resume_is_announced(tmp_path):

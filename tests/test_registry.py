@@ -2,6 +2,8 @@
 runs forward and backward, converts to float64, and comes back bit for bit from a folder --
 also after the edits the papers make to trained models (NI Fig. 5b-c, NAC App. F)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -50,6 +52,15 @@ def test_edited_models_come_back_as_edited(tmp_path):
         x = example_input("nac_tiny_imagenet_cpu")
         with torch.no_grad():
             assert torch.equal(back(x), edited(x)), name
+    # without the registry: the edited circuit's config builds a circuit its weights load into
+    for name, edited in {
+        "dropped": nac.drop_modules(16),
+        "edges": nac.eliminate_edges(0.5),
+    }.items():
+        fresh = modnets.NeuralAttentiveCircuit(edited.config, copy.deepcopy(edited.tokenizer))
+        fresh.load_state_dict(edited.state_dict())
+        with torch.no_grad():
+            assert torch.equal(fresh.eval()(x), edited(x)), name
 
 
 def test_names_overrides_and_pretrained_are_checked():

@@ -74,6 +74,7 @@ from modnets.data import DatasetCorruptedError, DatasetNotFoundError, data_root
 from modnets.data import download_root as _download_root
 from modnets.data import writable as _writable
 from modnets.data.digits import _download, _root, md5sum
+from modnets.utils import atomic_file
 
 __all__ = [
     "TinyImageNet",
@@ -413,21 +414,14 @@ def _read_cache(path: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _write_cache(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
     """Write atomically; give up silently where the cache folder cannot be written."""
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(path.parent, os.W_OK):
             return
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, images=images, labels=labels)
-        os.replace(tmp, path)
-        tmp = None
     except OSError:
         pass
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def _md5_check(folder: Path, paths: list[Path]) -> None:
