@@ -74,7 +74,9 @@ print(
 # that row is read from the bench's recorded run instead.
 RECORDED = {"cpu": Path("../bench/recorded/cpu_train_steps.json")}
 recorded = PROFILE in RECORDED and RECORDED[PROFILE].exists()
-live = [name for name in benchmarks.BENCHMARKS if not (recorded and name == "train_steps")]
+live = [
+    name for name in benchmarks.BENCHMARKS if not (recorded and name == "train_steps")
+]
 results = benchmarks.run_all(PROFILE, only=live)["results"]
 
 # %% [markdown]
