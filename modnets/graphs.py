@@ -5,8 +5,8 @@ grid ``r_u = u / (U - 1)`` it gives the prior link-probability matrix ``P0_ij = 
 :class:`GraphPriorRegularizer` pulls NAC's link probabilities ``P`` (NAC eq. 2) towards ``P0`` up to a
 relabelling of the modules (NAC eq. 6). The relabelling is a quadratic assignment problem; NAC
 approximates it with the Hungarian method on the row cost of NAC eq. 9 (:func:`hungarian_permutation`),
-which depends on how the modules are numbered. The regulariser instead uses
-:func:`match_permutation`, which does not, and finds better relabellings.
+which depends on how the modules are numbered. The regulariser uses :func:`match_permutation` by
+default, which does not, and finds better relabellings; ``matching="eq9"`` selects NAC eq. 9.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
     exactly; for a relabelled 24-node ring of cliques the cliques are recovered but the ring order
     is not (a residual loss of 0.45-0.72 remains, depending on the relabelling; chapter 8). It
     starts from the identity, so its result depends on how the modules are numbered (NAC eq. 6 of
-    the same ``P`` changes by up to 17 % when the modules are renumbered; chapter 8). :class:`GraphPriorRegularizer` no
-    longer uses it, but :func:`match_permutation`.
+    the same ``P`` changes by up to 17 % when the modules are renumbered; chapter 8). :class:`GraphPriorRegularizer` uses it
+    with ``matching="eq9"``; by default it uses :func:`match_permutation`.
     """
     Pn = P.detach().double().cpu()
     P0 = prior.detach().double().cpu()
@@ -114,6 +114,8 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
 # ----------------------------------------------------------------------------- matching (NAC eq. 6)
 
 DEFAULT_REFINE_STEPS = 10
+MATCHINGS = ("search", "eq9")  # see GraphPriorRegularizer
+REDUCTIONS = ("eq6", "public")
 # Up to this many nodes, the sort steps for a Chung-Lu-like prior are followed by exact linear steps
 # (dense assignments): beyond 64 nodes their cost grows fast on the near rank-one gradients of
 # such a prior, and they lower the loss by under 1 %.
@@ -547,15 +549,32 @@ class GraphPriorRegularizer(nn.Module):
     sees the symmetric part (exact for NAC eq. 6 when either matrix is symmetric).
     ``refine_steps`` bounds each stage of the search (default 10; 0 keeps only the first
     assignment and the class ordering). The search runs on the CPU, whatever ``P``'s device.
+
+    ``matching="eq9"``: ``sigma`` is NAC eq. 9's one linear assignment
+    (:func:`hungarian_permutation`), as the paper and the public code compute it; it depends on
+    how the modules are numbered. ``reduction="public"``: the mean over all ``U^2`` pairs,
+    diagonal included (the public code's ``F.mse_loss``), instead of NAC eq. 6's sum over
+    ``i != j``.
     """
 
-    def __init__(self, prior: Tensor, refine_steps: int = DEFAULT_REFINE_STEPS):
+    def __init__(
+        self,
+        prior: Tensor,
+        refine_steps: int = DEFAULT_REFINE_STEPS,
+        matching: str = "search",
+        reduction: str = "eq6",
+    ):
         super().__init__()
         _check_square("prior", prior)
         if not torch.isfinite(prior).all():
             raise ValueError("prior must be finite")
+        if matching not in MATCHINGS:
+            raise ValueError(f"matching must be one of {MATCHINGS}, got {matching!r}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.register_buffer("prior", prior.float())
         self.refine_steps = _check_refine_steps(refine_steps)
+        self.matching, self.reduction = matching, reduction
         self._matcher: _PriorMatcher | None = None
         self._matcher_key = None
 
@@ -570,12 +589,20 @@ class GraphPriorRegularizer(nn.Module):
         if not isinstance(P, Tensor) or P.shape != self.prior.shape:
             shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
             raise ValueError(f"P must have shape {tuple(self.prior.shape)}, got {shape}")
-        order, sigma_c = _match(P, self.matcher(), self.refine_steps)
-        order = torch.as_tensor(order, device=P.device)
-        sigma_c = torch.as_tensor(sigma_c, device=P.device)
-        # from here on P is seen in its canonical order, so the loss is bitwise the same under any
-        # relabelling of the modules (for P without exactly tied rows)
-        canonical = P.index_select(0, order).index_select(1, order)
-        target = self.prior.index_select(0, sigma_c).index_select(1, sigma_c)
+        if self.matching == "eq9":  # NAC eq. 9: module v -> prior node sigma[v]
+            sigma = hungarian_permutation(P, self.prior).to(P.device)
+            canonical = P
+            target = self.prior.index_select(0, sigma).index_select(1, sigma)
+        else:
+            order, sigma_c = _match(P, self.matcher(), self.refine_steps)
+            order = torch.as_tensor(order, device=P.device)
+            sigma_c = torch.as_tensor(sigma_c, device=P.device)
+            # from here on P is seen in its canonical order, so the loss is bitwise the same under
+            # any relabelling of the modules (for P without exactly tied rows)
+            canonical = P.index_select(0, order).index_select(1, order)
+            target = self.prior.index_select(0, sigma_c).index_select(1, sigma_c)
         residual = (canonical - target) ** 2
+        if self.reduction == "public":
+            return residual.mean()
+        # NAC eq. 6
         return residual.sum() - residual.diagonal().sum()

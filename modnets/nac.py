@@ -68,7 +68,29 @@ KERNELS = ("learned", "frozen", "dense")
 DROP_ORDERS = ("least", "most", "random")
 DROP_AMONG = ("mediators", "processors")
 GENERATORS = ("unconditional", "conditional")
-INITIAL_STATES = ("codes", "free")
+INITIAL_STATES = ("codes", "linear", "free")
+BANDWIDTHS = ("shared", "per_kernel")
+MODFC_FORMS = ("eq1", "public")
+PRIOR_LOSSES = ("eq6", "public")
+PRIOR_MATCHINGS = ("search", "eq9")
+
+#: The kernel of each public NAC run (book/fidelity.md) as :class:`NACConfig` changes, e.g.
+#: ``config.replace(**KERNEL_REGIMES["public-tiny"])``. The Tiny-ImageNet run truncates and never
+#: samples, with one learned bandwidth per kernel and an untruncated read-out; the ImageNet runs
+#: sample and never truncate, at a fixed bandwidth. ``"modnets"``: both, one shared bandwidth.
+KERNEL_REGIMES = {
+    "modnets": {},
+    "public-tiny": dict(
+        truncation=0.9,
+        sample_kernel=False,
+        bandwidths="per_kernel",
+        learn_bandwidth=True,
+        read_out_truncation=False,
+    ),
+    "public-imagenet": dict(
+        truncation=None, sample_kernel=True, temperature=0.5, bandwidth=1.0, learn_bandwidth=False
+    ),
+}
 
 
 @dataclass
@@ -94,8 +116,9 @@ class NACConfig:
         generator_dim: width of the conditional generator.
         kernel: ``"learned"`` signatures, ``"frozen"`` (random, not trained: Table 1's "sparse graph
             (not learnable)") or ``"dense"`` (no kernel: every module sees every module).
-        initial_states: ``"codes"`` (a 2-layer MLP of the code, §2.2) or ``"free"`` parameters
-            (Perceiver IO's latents).
+        initial_states: ``"codes"`` (a 2-layer MLP of the code, §2.2), ``"linear"`` (the public
+            code's latent seeder, ``Linear(LayerNorm(c))``) or ``"free"`` parameters (Perceiver
+            IO's latents).
         prior, prior_params: the graph prior of App. A (a name of :data:`modnets.graphs.GRAPHONS`
             or ``None``) and its graphon parameters; it regularises the mediators.
         truncation: ``P_ij = 0`` where the cosine distance of two signatures exceeds it (the
@@ -121,6 +144,22 @@ class NACConfig:
         read_out_from_read_in: with read-in modules, the read-out attends to them as well as to
             the mediators (public code's default, ``enable_input_output_communication``);
             ``False``: to the mediators only, so every message to the output passes through them.
+        sample_kernel: in training, ``K ~ Concrete(P, tau)`` (NAC eq. 2); ``False``: ``K = P``
+            (the public Tiny-ImageNet run). :data:`KERNEL_REGIMES` names the public runs' kernels.
+        bandwidths: ``"shared"``: one ``epsilon`` for every attention and the graph prior;
+            ``"per_kernel"``: one per propagator kernel and one for the read-out (public code).
+        read_out_truncation: the read-out's kernel is truncated like the propagators' (``False``:
+            untruncated, as in every public run).
+        read_out_residual: a residual around the read-out's attention and a LayerNorm before its
+            heads; ``False``: neither (the public ImageNet read-out).
+        modfc: ``"eq1"``: NAC eq. 1, ``W(x * (1 + alpha LN(W_c c))) + b``; ``"public"``: the public
+            Tiny-ImageNet run's ``W(x * LN(W_c c)) + b`` (no ``alpha``).
+        prior_loss: ``"eq6"``: NAC eq. 6, the sum over pairs ``i != j``; ``"public"``: the mean
+            over all ``U^2`` pairs, diagonal included, summed over the propagators' kernels
+            (public code). With ``"eq6"`` and per-kernel bandwidths, the mean over the kernels.
+        prior_matching: ``"search"`` (:func:`modnets.graphs.match_permutation`, independent of
+            how the modules are numbered) or ``"eq9"``: NAC eq. 9's one linear assignment, as the
+            paper and the public code do.
     """
 
     input_dim: int
@@ -159,6 +198,13 @@ class NACConfig:
     state_noise: bool = True
     per_example_kernel: bool = True
     read_out_from_read_in: bool = True
+    sample_kernel: bool = True
+    bandwidths: str = "shared"
+    read_out_truncation: bool = True
+    read_out_residual: bool = True
+    modfc: str = "eq1"
+    prior_loss: str = "eq6"
+    prior_matching: str = "search"
 
     def replace(self, **changes) -> NACConfig:
         """A copy with some fields changed (validated again), as ``NIConfig.replace``."""
@@ -200,6 +246,10 @@ class NACConfig:
             "kernel": KERNELS,
             "initial_states": INITIAL_STATES,
             "prior": (None, *GRAPHONS),
+            "bandwidths": BANDWIDTHS,
+            "modfc": MODFC_FORMS,
+            "prior_loss": PRIOR_LOSSES,
+            "prior_matching": PRIOR_MATCHINGS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -208,6 +258,11 @@ class NACConfig:
                 )
         if self.generator == "conditional" and self.initial_states == "free":
             raise ValueError("NACConfig.initial_states='free' needs generator='unconditional'")
+        for name in ("sample_kernel", "read_out_truncation", "read_out_residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"NACConfig.{name} must be True or False, got {getattr(self, name)!r}"
+                )
         if self.generator == "conditional" and self.kernel == "frozen":
             raise ValueError("NACConfig.kernel='frozen' needs generator='unconditional'")
         if (
@@ -244,27 +299,37 @@ class CircuitDesign:
     out_states: Tensor
 
 
-class _CodeToState(nn.Module):
-    """The initial state of a module from its code: a 2-layer GELU MLP (NAC §2.2), and with
-    ``noise`` the public code's latent seeder: ``mu(c) + sigma(c) * N(0, 1)`` per example in
-    training, ``log sigma^2 = W c + b`` with ``b = -5`` at initialisation (``sigma ~ 0.08``)."""
+def modfc_alpha(config: NACConfig) -> float | None:
+    """The ``alpha`` every ModFC of the circuit gets: ``None`` is the public Tiny-ImageNet form."""
+    return None if config.modfc == "public" else config.alpha
 
-    def __init__(self, code_dim: int, dim: int, noise: bool = False):
+
+class _CodeToState(nn.Module):
+    """The initial state of a module from its code: a 2-layer GELU MLP (NAC §2.2), or with
+    ``form="linear"`` the public code's ``Linear(LayerNorm(c))``; with ``noise`` the public
+    code's latent seeder: ``mu(c) + sigma(c) * N(0, 1)`` per example in training,
+    ``log sigma^2 = W c + b`` with ``b = -5`` at initialisation (``sigma ~ 0.08``)."""
+
+    def __init__(self, code_dim: int, dim: int, noise: bool = False, form: str = "codes"):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(code_dim, dim), nn.GELU(), nn.Linear(dim, dim))
+        if form == "linear":
+            self.norm, self.net = nn.LayerNorm(code_dim), nn.Linear(code_dim, dim)
+        else:
+            self.norm = nn.Identity()
+            self.net = nn.Sequential(nn.Linear(code_dim, dim), nn.GELU(), nn.Linear(dim, dim))
         self.log_var = None
         if noise:
             self.log_var = nn.Linear(code_dim, dim)
             nn.init.constant_(self.log_var.bias, -5.0)
 
     def forward(self, codes: Tensor) -> Tensor:
-        return self.net(codes)
+        return self.net(self.norm(codes))
 
     def seed(self, states: Tensor, codes: Tensor, batch: int) -> Tensor:
         """``states`` (``mu``) with the seeder's noise added per example (training only)."""
         if self.log_var is None or not self.training:
             return states
-        std = self.log_var(codes).mul(0.5).exp()
+        std = self.log_var(self.norm(codes)).mul(0.5).exp()
         shape = (batch, *states.shape[-2:])
         return states + std * torch.randn(shape, dtype=states.dtype, device=states.device)
 
@@ -317,7 +382,7 @@ class UnconditionalCircuitGenerator(nn.Module):
             self.out_states = nn.Parameter(0.02 * torch.randn(c.num_readouts, c.dim))
             self.to_state = None
         else:
-            self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise)
+            self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise, c.initial_states)
 
     def forward(self, condition: Tensor | None = None) -> CircuitDesign:
         if self.to_state is None:
@@ -352,7 +417,7 @@ class ConditionalCircuitGenerator(nn.Module):
         self.self_attn = nn.MultiheadAttention(d, heads, batch_first=True)
         self.to_signature = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.sig_dim))
         self.to_code = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, c.code_dim))
-        self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise)
+        self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise, c.initial_states)
 
     def forward(self, condition: Tensor | None = None) -> CircuitDesign:
         if condition is None or condition.dim() != 3:
@@ -382,16 +447,26 @@ class ModulatedAttention(nn.Module):
     values ``(B, Uk, d)`` likewise -> ``(B, Uq, d)``.
     """
 
-    def __init__(self, config: NACConfig, bandwidth: float | Tensor | None = None):
+    def __init__(
+        self, config: NACConfig, bandwidth: float | Tensor | None = None, truncated: bool = True
+    ):
         super().__init__()
-        c = config
-        self.query = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
-        self.key = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
-        self.value = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
-        self.out = ModFC(c.dim, c.dim, c.code_dim, alpha=c.alpha)
-        self.attention = SKMDPA(c.num_heads, c.bandwidth if bandwidth is None else bandwidth,
-                                c.temperature, c.delta, c.eval_kernel, c.truncation,
-                                c.straight_through, c.per_example_kernel)  # fmt: skip
+        c, alpha = config, modfc_alpha(config)
+        self.query = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
+        self.key = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
+        self.value = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
+        self.out = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
+        self.attention = SKMDPA(
+            c.num_heads,
+            c.bandwidth if bandwidth is None else bandwidth,
+            c.temperature,
+            c.delta,
+            c.eval_kernel,
+            c.truncation if truncated else None,
+            c.straight_through,
+            c.per_example_kernel,
+            c.sample_kernel,
+        )
 
     def forward(self, x, codes, sigs, y, y_codes, y_sigs, key_mask=None, edge_mask=None):
         q = self.query(x, codes)
@@ -417,7 +492,7 @@ class Propagator(nn.Module):
         c = config
         self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth)
-        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, modfc_alpha(c))
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
@@ -452,15 +527,17 @@ class ReadOut(nn.Module):
         super().__init__()
         c = config
         self.norm_q, self.norm_kv = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
-        self.attn = ModulatedAttention(c, bandwidth)
+        self.attn = ModulatedAttention(c, bandwidth, truncated=c.read_out_truncation)
         self.norm_ffn = nn.LayerNorm(c.dim)
-        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, c.alpha)
+        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, modfc_alpha(c))
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
         )
         self.drop_path, self.code_noise = 0.0, c.code_noise  # public code: no DropPath here
-        self.norm_out = nn.LayerNorm(c.dim)
+        # read_out_residual=False: the public ImageNet read-out, no residual and no final norm
+        self.residual = c.read_out_residual
+        self.norm_out = nn.LayerNorm(c.dim) if c.read_out_residual else nn.Identity()
         self.head = nn.Linear(c.dim, c.num_outputs)
         self.confidence = nn.Linear(c.dim, 1, bias=False)  # a bias cancels in the softmax
 
@@ -472,7 +549,8 @@ class ReadOut(nn.Module):
         codes = code_noise(design.out_codes, self.code_noise, self.training)
         msg = self.attn(self.norm_q(y), codes, design.out_signatures,
                         kv, design.codes, design.signatures, key_mask)  # fmt: skip
-        y = y + drop_path(self.scale_attn(msg), self.drop_path, self.training)
+        msg = drop_path(self.scale_attn(msg), self.drop_path, self.training)
+        y = y + msg if self.residual else msg
         upd = self.ffn(self.norm_ffn(y), codes)
         y = y + drop_path(self.scale_ffn(upd), self.drop_path, self.training)
         y = self.norm_out(y)
@@ -518,26 +596,41 @@ class NeuralAttentiveCircuit(nn.Module):
             if c.generator == "unconditional"
             else ConditionalCircuitGenerator(c)
         )
-        # epsilon of NAC eq. 2: one per circuit, shared by every attention (learnable: public code)
-        self.bandwidth = nn.Parameter(torch.tensor(float(c.bandwidth)), c.learn_bandwidth)
-        self.read_in = ReadIn(c.dim, c.input_dim, c.code_dim, c.read_in_heads, c.ffn_hidden,
-                              c.activation, c.alpha)  # fmt: skip
+
+        def epsilon() -> nn.Parameter:  # learnable: public code
+            return nn.Parameter(torch.tensor(float(c.bandwidth)), c.learn_bandwidth)
+
+        # epsilon of NAC eq. 2: one per circuit, or one per kernel (public code)
+        self.bandwidth = epsilon()
+        per_kernel = c.bandwidths == "per_kernel"
+        self.read_in = ReadIn(
+            c.dim,
+            c.input_dim,
+            c.code_dim,
+            c.read_in_heads,
+            c.ffn_hidden,
+            c.activation,
+            modfc_alpha(c),
+        )
         if c.share_layers:
             shared = Propagator(c, self.bandwidth)
             self.propagators = nn.ModuleList([shared] * c.num_layers)
         else:
             self.propagators = nn.ModuleList(
-                Propagator(c, self.bandwidth) for _ in range(c.num_layers)
+                Propagator(c, epsilon() if per_kernel and i else self.bandwidth)
+                for i in range(c.num_layers)
             )
-        self.read_out = ReadOut(c, self.bandwidth)
+        self.read_out = ReadOut(c, epsilon() if per_kernel else self.bandwidth)
         self.register_buffer("edge_mask", None)
         self.graph_prior = None
         if c.prior is not None and c.generator == "unconditional" and c.kernel == "learned":
             prior = graphon(c.prior, c.num_mediators, **c.prior_params)
-            self.graph_prior = GraphPriorRegularizer(prior)
+            self.graph_prior = GraphPriorRegularizer(
+                prior, matching=c.prior_matching, reduction=c.prior_loss
+            )
         if not c.learn_alpha:
             for m in self.modules():
-                if isinstance(m, ModFC):
+                if isinstance(m, ModFC) and m.alpha is not None:
                     m.alpha.requires_grad_(False)
 
     # -- the circuit ------------------------------------------------------------------------------
@@ -560,20 +653,34 @@ class NeuralAttentiveCircuit(nn.Module):
             return self.generator(condition if condition is not None else tokens)
         return self.generator()
 
-    def link_probabilities(self, design: CircuitDesign | None = None) -> Tensor:
+    def kernel_bandwidths(self) -> list[Tensor]:
+        """The propagators' ``epsilon``, one per distinct kernel (one when shared)."""
+        bandwidths = (layer.attn.attention.bandwidth for layer in self.propagators)
+        return list({id(b): b for b in bandwidths}.values())
+
+    def link_probabilities(
+        self, design: CircuitDesign | None = None, kernel: int | None = None
+    ) -> Tensor:
         """``P`` among all processor modules (NAC eq. 2, truncated as configured):
-        ``(U_p, U_p)`` or per sample. The graph prior sees its mediator block
-        (:meth:`mediator_links`)."""
+        ``(U_p, U_p)`` or per sample. With one bandwidth per kernel, ``kernel`` picks a
+        propagator kernel's ``P`` (default: the mean over them). The graph prior sees the
+        mediator block (:meth:`mediator_links`)."""
         design = design if design is not None else self.design()
         if design.signatures is None:
             raise ValueError("a dense-kernel NAC (kernel='dense') has no link probabilities")
         s, c = design.signatures, self.config
-        return link_probabilities(s, s, self.bandwidth, c.truncation, c.straight_through)
+        bandwidths = self.kernel_bandwidths()
+        if kernel is not None:
+            bandwidths = [bandwidths[kernel]]
+        Ps = [link_probabilities(s, s, b, c.truncation, c.straight_through) for b in bandwidths]
+        return Ps[0] if len(Ps) == 1 else torch.stack(Ps).mean(0)
 
-    def mediator_links(self, design: CircuitDesign | None = None) -> Tensor:
+    def mediator_links(
+        self, design: CircuitDesign | None = None, kernel: int | None = None
+    ) -> Tensor:
         """``P`` among the mediators, the graph the prior regularises: ``(M, M)``."""
         R = self.config.num_read_in
-        return self.link_probabilities(design)[..., R:, R:]
+        return self.link_probabilities(design, kernel)[..., R:, R:]
 
     def forward(self, x: Tensor, condition: Tensor | None = None,
                 processor_mask: Tensor | None = None, return_details: bool = False):  # fmt: skip
@@ -627,10 +734,16 @@ class NeuralAttentiveCircuit(nn.Module):
 
     # -- the graph prior (App. A) -----------------------------------------------------------------
     def graph_loss(self) -> Tensor:
-        """NAC eq. 6 on the mediators' link probabilities (0 without a prior)."""
+        """NAC eq. 6 on the mediators' link probabilities (0 without a prior); with one bandwidth
+        per kernel, on each propagator kernel's: their mean (``prior_loss="eq6"``) or their sum
+        (``"public"``, as the public code)."""
         if self.graph_prior is None:
             return torch.zeros((), device=self.read_out.head.weight.device)
-        return self.graph_prior(self.mediator_links())
+        design = self.design()
+        n = len(self.kernel_bandwidths())
+        losses = [self.graph_prior(self.mediator_links(design, k)) for k in range(n)]
+        total = torch.stack(losses).sum()
+        return total if self.config.prior_loss == "public" else total / n
 
     # -- pruning (App. F) -------------------------------------------------------------------------
     def module_importance(self) -> Tensor:

@@ -35,7 +35,7 @@ __all__ = [
     "NeuralInterpreter",
 ]
 
-RESIDUALS = ("delta", "literal")
+RESIDUALS = ("delta", "literal", "gating", "none")
 INPUT_KINDS = ("image", "vector")
 POSITIONALS = ("absolute", "relative")
 
@@ -180,10 +180,10 @@ class Interpreter(nn.Module):
         y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)
 
     which keeps both properties the paper derives from NI eq. 11 (``C_ui = 0`` for all ``u`` gives
-    ``y_i = x_i``; nothing depends on the number of functions). It is not the public code's
-    "gating" residual, ``(1 - mean_u C_ui) x_i + mean_u C_ui * sum_u C_ui LOCs(x)_ui``, and the
-    public preset uses no residual at all (a token no function matches becomes zero).
-    ``residual="literal"`` gives NI eq. 11 as printed.
+    ``y_i = x_i``; nothing depends on the number of functions).
+    ``residual="literal"`` gives NI eq. 11 as printed; ``"gating"`` the public code's default,
+    ``(1 - mean_u C_ui) x_i + mean_u C_ui * sum_u C_ui LOCs(x)_ui``; ``"none"`` the public digits
+    preset, ``sum_u C_ui LOCs(x)_ui`` (a token no function matches becomes zero).
 
     Shapes: x ``(B, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, T, d)``.
     """
@@ -218,7 +218,14 @@ class Interpreter(nn.Module):
             streams = streams - x[:, None]
         # sum_u C_ui * stream_ui as a broadcast product and a reduction: einsum lowers this to a
         # batched (1 x U) @ (U x d) matmul per token, which is several times slower on CPU.
-        return x + (compat[..., None] * streams).sum(dim=1)
+        pooled = (compat[..., None] * streams).sum(dim=1)
+        if self.residual == "gating":
+            gate = compat.mean(dim=1)[..., None]
+            return (1 - gate) * x + gate * pooled
+        if self.residual == "none":
+            return pooled
+        # NI eq. 11
+        return x + pooled
 
 
 class FunctionIteration(nn.Module):

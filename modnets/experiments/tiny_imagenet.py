@@ -330,11 +330,13 @@ def _full_precision(device: torch.device):
 
 
 def graph_penalty(model: nn.Module) -> Tensor | None:
-    """The NAC's graph-prior regulariser, NAC eq. 6 as a mean over ordered pairs (None without one)."""
+    """The NAC's graph-prior regulariser, NAC eq. 6 as a mean over ordered pairs (None without
+    one); with ``NACConfig.prior_loss="public"``, the public code's loss as it is (already a mean)."""
     if isinstance(model, NeuralAttentiveCircuit) and model.graph_prior is not None:
         U = model.config.num_processors
+        pairs = 1 if model.config.prior_loss == "public" else U * (U - 1)
         with _full_precision(model.read_out.head.weight.device):
-            return model.graph_loss() / (U * (U - 1))
+            return model.graph_loss() / pairs
     return None
 
 

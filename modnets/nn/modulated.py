@@ -184,7 +184,8 @@ class ModFC(_Modulated):
 
     ``alpha`` is a learnable scalar (initialised to 0.1, NAC §2); ``alpha = 0`` removes all
     conditioning and the layer is exactly ``nn.Linear`` with the same ``weight`` and ``bias``.
-    Shapes as in :class:`ModLin`.
+    ``alpha=None`` is the public code's default ModFC, which its Tiny-ImageNet run uses:
+    ``y = W (x * LayerNorm(W_c c)) + b``, no ``1 + alpha``. Shapes as in :class:`ModLin`.
     """
 
     def __init__(
@@ -192,17 +193,20 @@ class ModFC(_Modulated):
         in_features: int,
         out_features: int,
         code_features: int,
-        alpha: float = 0.1,
+        alpha: float | None = 0.1,
         bias: bool = True,
     ):
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
-            raise TypeError(f"alpha must be a float, got {type(alpha).__name__} {alpha!r}")
-        self._alpha_init = float(alpha)
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)):
+            raise TypeError(f"alpha must be a float or None, got {type(alpha).__name__} {alpha!r}")
+        self._alpha_init = None if alpha is None else float(alpha)
         super().__init__(in_features, out_features, code_features, bias)
-        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        self.alpha = None if alpha is None else nn.Parameter(torch.tensor(float(alpha)))
 
     def modulation(self, code: Tensor) -> Tensor:
-        """The factor that multiplies ``x``: ``1 + alpha LayerNorm(W_c c)``, shape ``(..., d_in)``."""
+        """The factor that multiplies ``x``: ``1 + alpha LayerNorm(W_c c)`` (``alpha=None``:
+        ``LayerNorm(W_c c)``), shape ``(..., d_in)``."""
+        if self.alpha is None:
+            return self.normalized_modulation(code)
         return 1.0 + self.alpha * self.normalized_modulation(code)
 
     def forward(self, x: Tensor, code: Tensor) -> Tensor:

@@ -99,6 +99,8 @@ class SKMDPA(nn.Module):
         straight_through: the gradient of a truncated pair is the untruncated one.
         per_example: in training, one kernel sample per example (public code); ``False``: one
             per forward pass, shared by the batch.
+        sample: in training, ``K ~ Concrete(P, tau)`` (NAC eq. 2); ``False``: ``K = P`` (the
+            public code's Tiny-ImageNet run, whose kernel is truncated but never sampled).
 
     Shapes:
         q ``(B, Uq, d)``, k and v ``(B, Uk, d)``; signatures ``(Uq, d_sig)`` and ``(Uk, d_sig)``
@@ -117,6 +119,7 @@ class SKMDPA(nn.Module):
         truncation: float | None = None,
         straight_through: bool = False,
         per_example: bool = True,
+        sample: bool = True,
     ):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
@@ -132,7 +135,7 @@ class SKMDPA(nn.Module):
         self.num_heads, self.bandwidth, self.temperature = num_heads, bandwidth, temperature
         self.delta, self.eval_kernel = delta, eval_kernel
         self.truncation, self.straight_through = truncation, straight_through
-        self.per_example = per_example
+        self.per_example, self.sample = per_example, sample
 
     def extra_repr(self) -> str:
         bw = self.bandwidth
@@ -141,7 +144,7 @@ class SKMDPA(nn.Module):
             f"num_heads={self.num_heads}, bandwidth={bw}, temperature={self.temperature}, "
             f"delta={self.delta}, eval_kernel={self.eval_kernel!r}, "
             f"truncation={self.truncation}, straight_through={self.straight_through}, "
-            f"per_example={self.per_example}"
+            f"per_example={self.per_example}, sample={self.sample}"
         )
 
     def probabilities(self, sig_q: Tensor, sig_k: Tensor) -> Tensor:
@@ -152,7 +155,10 @@ class SKMDPA(nn.Module):
 
     def kernel(self, probs: Tensor, batch: int | None = None) -> Tensor:
         """``K``: a Concrete sample in training (``batch`` samples, one per example, when
-        ``probs`` is shared by the batch), else per ``eval_kernel``."""
+        ``probs`` is shared by the batch; ``P`` itself without ``sample``), else per
+        ``eval_kernel``."""
+        if self.training and not self.sample:
+            return probs
         if self.training or self.eval_kernel == "sample":
             per_example = self.per_example and probs.dim() == 2
             return concrete_sample(probs, self.temperature, batch=batch if per_example else None)

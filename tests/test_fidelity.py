@@ -1,0 +1,249 @@
+"""The switches of book/fidelity.md: each selects the public code's (or the paper's) behaviour
+instead of modnets' default, and each test pins both behaviours."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modnets.experiments.tiny_imagenet import graph_penalty
+from modnets.graphs import GraphPriorRegularizer, graphon, hungarian_permutation
+from modnets.nac import KERNEL_REGIMES, NACConfig, NeuralAttentiveCircuit
+from modnets.ni import RESIDUALS, Interpreter
+from modnets.nn import ModFC
+from modnets.nn.skmdpa import SKMDPA
+
+
+def config(**kw) -> NACConfig:
+    base = dict(
+        input_dim=6,
+        num_outputs=3,
+        dim=16,
+        num_layers=2,
+        num_processors=8,
+        num_readouts=2,
+        num_heads=2,
+        ffn_hidden=16,
+        sig_dim=4,
+        code_dim=8,
+        code_noise=0.0,
+        state_noise=False,
+        drop_path=0.0,
+    )
+    return NACConfig(**{**base, **kw})
+
+
+def circuit(**kw) -> NeuralAttentiveCircuit:
+    torch.manual_seed(0)
+    return NeuralAttentiveCircuit(config(**kw))
+
+
+def test_an_unsampled_kernel_is_p_itself_in_training():
+    P = torch.rand(5, 5) * 0.9 + 0.05
+    sampled = SKMDPA(sample=True).train().kernel(P)
+    assert not torch.allclose(sampled, P) and ((sampled > 0) & (sampled < 1)).all()
+    assert torch.equal(SKMDPA(sample=False).train().kernel(P), P)
+    x = torch.randn(4, 5, 6)
+    for sample in (True, False):  # NAC eq. 2's sample is the circuit's only noise left here
+        model = circuit(sample_kernel=sample).train()
+        torch.manual_seed(1)
+        first = model(x)
+        assert torch.equal(first, model(x)) is not sample
+
+
+def test_per_kernel_bandwidths_give_each_propagator_and_the_read_out_its_own():
+    shared, per_kernel = circuit(), circuit(bandwidths="per_kernel")
+    assert len(shared.kernel_bandwidths()) == 1
+    assert shared.read_out.attn.attention.bandwidth is shared.bandwidth
+    eps = per_kernel.kernel_bandwidths()
+    assert len(eps) == 2 and per_kernel.read_out.attn.attention.bandwidth is not eps[0]
+    with torch.no_grad():
+        eps[1].fill_(0.5)
+    P0, P1 = (per_kernel.link_probabilities(kernel=k) for k in (0, 1))
+    assert not torch.allclose(P0, P1)
+    torch.testing.assert_close(per_kernel.link_probabilities(), (P0 + P1) / 2)
+    # the prior: the mean over kernels of NAC eq. 6, or the public code's sum of its own loss
+    eq6 = [per_kernel.graph_prior(per_kernel.mediator_links(kernel=k)) for k in (0, 1)]
+    torch.testing.assert_close(per_kernel.graph_loss(), (eq6[0] + eq6[1]) / 2)
+    public = circuit(bandwidths="per_kernel", prior_loss="public")
+    with torch.no_grad():
+        public.kernel_bandwidths()[1].fill_(0.5)
+    means = [public.graph_prior(public.mediator_links(kernel=k)) for k in (0, 1)]
+    torch.testing.assert_close(public.graph_loss(), means[0] + means[1])
+    torch.testing.assert_close(graph_penalty(public), public.graph_loss())  # already a mean
+    U = per_kernel.config.num_processors
+    torch.testing.assert_close(graph_penalty(per_kernel), per_kernel.graph_loss() / (U * (U - 1)))
+
+
+def test_an_untruncated_read_out_links_every_pair():
+    for truncated in (True, False):
+        model = circuit(read_out_truncation=truncated).eval()
+        design = model.design()
+        attention = model.read_out.attn.attention
+        log_k = attention.log_kernel(design.out_signatures, design.signatures)
+        assert bool(torch.isneginf(log_k).any()) is truncated  # some pairs lie beyond 0.9
+        assert model.propagators[0].attn.attention.truncation == 0.9
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_the_read_out_with_and_without_its_residual_and_norm(residual):
+    model = circuit(read_out_residual=residual).eval()
+    ro, design = model.read_out, model.design()
+    states = torch.randn(3, 8, 16)
+    y = design.out_states.expand(3, -1, -1)
+    msg = ro.attn(
+        ro.norm_q(y),
+        design.out_codes,
+        design.out_signatures,
+        ro.norm_kv(states),
+        design.codes,
+        design.signatures,
+    )
+    y = y + ro.scale_attn(msg) if residual else ro.scale_attn(msg)
+    y = y + ro.scale_ffn(ro.ffn(ro.norm_ffn(y), design.out_codes))
+    if residual:
+        y = F.layer_norm(y, (16,), ro.norm_out.weight, ro.norm_out.bias)
+    w = torch.softmax(ro.confidence(y).squeeze(-1), -1)
+    expected = torch.einsum("bo,boc->bc", w, ro.head(y))
+    with torch.no_grad():
+        torch.testing.assert_close(ro(states, design)[0], expected)
+
+
+def test_the_public_modfc_has_no_one_plus_alpha():
+    torch.manual_seed(0)
+    x, c = torch.randn(5, 4), torch.randn(5, 3)
+    for alpha in (0.1, None):
+        m = ModFC(4, 2, 3, alpha=alpha)
+        ln = m.normalized_modulation(c)
+        scale = ln if alpha is None else 1 + m.alpha * ln
+        torch.testing.assert_close(m(x, c), F.linear(x * scale, m.weight, m.bias))
+    model = circuit(modfc="public")
+    modfcs = [m for m in model.modules() if isinstance(m, ModFC)]
+    assert modfcs and all(m.alpha is None for m in modfcs)
+    assert not any(name.endswith("alpha") for name, _ in model.named_parameters())
+    circuit(modfc="public", learn_alpha=False)  # nothing to freeze
+
+
+def test_linear_initial_states_are_the_public_seeder():
+    codes = torch.randn(8, 8)
+    model = circuit(initial_states="linear")
+    to_state = model.generator.to_state
+    expected = F.linear(F.layer_norm(codes, (8,)), to_state.net.weight, to_state.net.bias)
+    torch.testing.assert_close(to_state(codes), expected)
+    mlp = circuit().generator.to_state
+    assert isinstance(mlp.net, torch.nn.Sequential) and len(mlp.net) == 3  # NAC §2.2's MLP
+
+
+def test_the_public_prior_loss_counts_the_diagonal_and_averages():
+    prior = graphon("planted_partition", 8)
+    P = prior.clone().fill_diagonal_(1.0)
+    prior = prior.clone().fill_diagonal_(0.0)
+    eq6 = GraphPriorRegularizer(prior)(P)
+    public = GraphPriorRegularizer(prior, reduction="public")(P)
+    assert eq6.item() == pytest.approx(0.0, abs=1e-6)  # NAC eq. 6 leaves out i = j
+    assert public.item() == pytest.approx(8 / 64)  # F.mse_loss: 8 ones on the diagonal, over 64
+
+
+def test_eq9_matching_is_one_assignment_and_depends_on_the_numbering():
+    torch.manual_seed(0)
+    s = F.normalize(torch.randn(12, 4), dim=1)
+    P = torch.exp(-(1 - s @ s.T)).masked_fill(1 - s @ s.T > 0.9, 0.0)
+    prior = graphon("scale_free", 12)
+    eq9, search = GraphPriorRegularizer(prior, matching="eq9"), GraphPriorRegularizer(prior)
+    sigma = hungarian_permutation(P, prior)
+    expected = ((P - prior[sigma][:, sigma]) ** 2).sum() - (
+        (P - prior[sigma][:, sigma]) ** 2
+    ).diagonal().sum()
+    torch.testing.assert_close(eq9(P), expected)
+    losses = {"eq9": set(), "search": set()}
+    for seed in range(5):
+        perm = torch.randperm(12, generator=torch.Generator().manual_seed(seed))
+        Pr = P[perm][:, perm]
+        losses["eq9"].add(round(eq9(Pr).item(), 6))
+        losses["search"].add(round(search(Pr).item(), 6))
+    assert len(losses["search"]) == 1 and len(losses["eq9"]) > 1
+    with pytest.raises(ValueError, match="matching"):
+        GraphPriorRegularizer(prior, matching="hungarian")
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_REGIMES))
+def test_each_kernel_regime_builds_the_kernel_it_names(name):
+    model = circuit(**KERNEL_REGIMES[name])
+    c = model.config
+    attention = model.propagators[0].attn.attention
+    assert attention.truncation == c.truncation and attention.sample is c.sample_kernel
+    if name == "public-tiny":
+        assert c.truncation == 0.9 and not c.sample_kernel
+        assert model.read_out.attn.attention.truncation is None
+        assert len(model.kernel_bandwidths()) == c.num_layers
+    if name == "public-imagenet":
+        assert c.truncation is None and c.sample_kernel
+        assert not model.bandwidth.requires_grad
+    if name == "modnets":
+        assert c == dataclasses.replace(config())
+
+
+def test_the_new_switches_reject_what_they_do_not_know():
+    for field, value in [
+        ("bandwidths", "each"),
+        ("modfc", "tiny"),
+        ("prior_loss", "mse"),
+        ("prior_matching", "greedy"),
+        ("initial_states", "mlp"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            config(**{field: value})
+    with pytest.raises(TypeError, match="sample_kernel"):
+        config(sample_kernel="no")
+
+
+@pytest.mark.parametrize("residual", RESIDUALS)
+def test_the_interpreter_pools_its_streams_as_each_residual_says(residual):
+    torch.manual_seed(0)
+    interp = Interpreter(8, 4, num_locs=1, num_heads=2, residual=residual).eval()
+    x, codes = torch.randn(2, 5, 8), torch.randn(3, 4)
+    compat = torch.rand(2, 3, 5)
+    compat[:, :, 0] = 0  # token 0: no function matches it
+    streams = interp.locs[0](x[:, None].expand(2, 3, 5, 8), codes, compat)
+    pooled = (compat[..., None] * streams).sum(1)
+    gate = compat.mean(1)[..., None]
+    expected = {
+        "literal": x + pooled,  # NI eq. 11 as printed
+        "delta": x + (compat[..., None] * (streams - x[:, None])).sum(1),
+        "gating": (1 - gate) * x + gate * pooled,  # public default
+        "none": pooled,  # public digits preset
+    }[residual]
+    out = interp(x, codes, compat)
+    torch.testing.assert_close(out, expected)
+    unmatched = torch.zeros_like(x[:, 0]) if residual == "none" else x[:, 0]
+    torch.testing.assert_close(out[:, 0], unmatched)
+
+
+def test_the_public_tiny_kernel_is_measured_beside_the_default_on_the_same_seeds(
+    tmp_path, monkeypatch
+):
+    from test_tiny_imagenet_data import make_tree
+
+    from modnets.experiments import fidelity
+    from modnets.experiments import tiny_imagenet as ti
+
+    for name, folder in (("CACHE", "cache"), ("DATA", "data"), ("CHECKPOINTS", "ckpt")):
+        monkeypatch.setenv(f"MODNETS_{name}", str(tmp_path / folder))
+    make_tree(tmp_path / "data")
+    smoke = ti.CONFIGS["smoke"]
+    nac_train = dataclasses.replace(smoke.train.nac_train, batch_size=4)
+    train = dataclasses.replace(
+        smoke.train, classes=3, max_train_per_class=5, max_val_per_class=None, nac_train=nac_train
+    )
+    result = fidelity.compare("smoke", dataclasses.replace(smoke, train=train), 1, False)
+    default, public = (result["regimes"][r] for r in fidelity.REGIMES)
+    assert [r["seed"] for r in default["per_seed"]] == [r["seed"] for r in public["per_seed"]]
+    assert public["nac"]["sample_kernel"] is False and "sample_kernel" not in default["nac"]
+    d = result["public_minus_default"]["top1"]
+    top1 = [
+        b["top1"] - a["top1"] for a, b in zip(default["per_seed"], public["per_seed"], strict=True)
+    ]
+    assert d["mean"] == pytest.approx(sum(top1) / len(top1)) and d["low"] <= d["mean"] <= d["high"]
+    with pytest.raises(ValueError, match="regime"):
+        fidelity.regime_config(smoke, "public")
