@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modnets import nac
 from modnets.experiments.tiny_imagenet import graph_penalty
 from modnets.graphs import GraphPriorRegularizer, graphon, hungarian_permutation
 from modnets.nac import KERNEL_REGIMES, NACConfig, NeuralAttentiveCircuit
@@ -247,3 +248,123 @@ def test_the_public_tiny_kernel_is_measured_beside_the_default_on_the_same_seeds
     assert d["mean"] == pytest.approx(sum(top1) / len(top1)) and d["low"] <= d["mean"] <= d["high"]
     with pytest.raises(ValueError, match="regime"):
         fidelity.regime_config(smoke, "public")
+
+
+def test_the_graph_weight_scales_the_prior_term_of_the_loss():
+    from modnets.experiments import tiny_imagenet as ti
+
+    model = circuit().train()
+    x, soft = torch.randn(4, 5, 6), torch.full((4, 3), 1 / 3)
+    for weight in (0.0, 2.0):
+        torch.manual_seed(0)
+        out = ti.loss(model, model, x, soft, weight)
+        torch.testing.assert_close(out["loss"], out["ce"] + weight * out["graph"])
+    assert out["graph"] > 0
+
+
+def test_state_and_code_noise_act_in_training_only():
+    x = torch.randn(4, 5, 6)
+    for name, on in (("state_noise", True), ("code_noise", 0.5)):
+        quiet = circuit(sample_kernel=False)
+        noisy = circuit(sample_kernel=False, **{name: on})
+        noisy.load_state_dict(quiet.state_dict(), strict=name != "state_noise")
+        with torch.no_grad():
+            torch.testing.assert_close(noisy.eval()(x), quiet.eval()(x))  # evaluation: none
+            noisy.train()
+            torch.manual_seed(1)
+            first = noisy(x)
+            assert not torch.allclose(first, noisy(x)), name  # a fresh draw per forward pass
+    # code noise acts on the receiving modules' codes only, never in the read-in
+    model = circuit(code_noise=0.5).train()
+    design = model.design()
+    with torch.no_grad():
+        read = model.read_in(x, design.states, design.codes)
+        torch.testing.assert_close(model.read_in(x, design.states, design.codes), read)
+
+
+def test_learn_alpha_false_freezes_every_modfc_alpha():
+    for learn in (True, False):
+        alphas = [m.alpha for m in circuit(learn_alpha=learn).modules() if isinstance(m, ModFC)]
+        assert alphas and all(a.requires_grad is learn for a in alphas)
+
+
+def test_a_read_out_that_skips_the_read_in_modules_reads_the_mediators_alone():
+    x = torch.randn(2, 5, 6)
+    for reads in (True, False):
+        model = circuit(num_read_in=2, read_out_from_read_in=reads).eval()
+        with torch.no_grad():
+            out = model(x, return_details=True)
+            design, R = model.design(), 2
+            states = model.read_in(x, design.states[:R], design.codes[:R])
+            med = design.states[R:].expand(2, -1, -1)
+            for layer in model.propagators:
+                senders = (states, design.codes[:R], design.signatures[:R])
+                med = layer(med, design.codes[R:], design.signatures[R:], senders=senders)
+            if reads:  # the read-out attends to all 8 processor modules
+                logits, _ = model.read_out(torch.cat([states, med], 1), design)
+            else:  # to the 6 mediators only
+                logits, _ = model.read_out(med, nac._mediators_only(design, R))
+        torch.testing.assert_close(out.logits, logits)
+        assert out.design.codes.shape[-2] == (8 if reads else 6)
+
+
+def test_the_nac_straight_through_reaches_truncated_pairs_only_when_on():
+    for on in (True, False):
+        model = circuit(straight_through=on)
+        P = model.mediator_links()
+        truncated = P.detach() == 0
+        assert truncated.any()
+        (P * truncated).sum().backward()  # a loss that only truncated pairs take part in
+        grad = model.generator.signatures.grad
+        assert (grad is not None and bool(grad.abs().sum() > 0)) is on
+
+
+def test_the_prior_and_its_parameters_are_the_graphon_asked_for():
+    params = {"num_cliques": 2, "p_in": 0.8, "p_ring": 0.1}
+    model = circuit(prior="ring_of_cliques", prior_params=params)
+    torch.testing.assert_close(model.graph_prior.prior, graphon("ring_of_cliques", 8, **params))
+    assert circuit(prior=None).graph_prior is None
+    assert circuit(prior=None).graph_loss().item() == 0.0
+
+
+def test_the_ni_bandwidth_starts_at_sigma():
+    from modnets.nn.type_matching import TypeMatching
+
+    for sigma in (1.0, 0.7):
+        tm = TypeMatching(truncation=2.0, sigma=sigma)
+        types, sigs = (
+            F.normalize(torch.randn(1, 3, 4), dim=-1),
+            F.normalize(torch.randn(2, 4), dim=-1),
+        )
+        d = 1 - types @ sigs.T  # (1, 3, 2)
+        C = tm(types, sigs)  # normalised over functions: exp(-d / sigma) / sum_u
+        expected = torch.softmax(-d / sigma, dim=-1).transpose(1, 2)
+        torch.testing.assert_close(C, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_stacked_mnist_nfm_keeps_exactly_k_and_reads_with_its_own_projections():
+    from modnets.experiments import stacked_mnist as sm
+    from modnets.nfm import NFMAttention
+
+    train = sm.CONFIGS["smoke"].train
+    model = sm.build_model("nfm", train, seed=0)
+    attentions = [m for m in model.modules() if isinstance(m, NFMAttention)]
+    assert attentions and all(a.topk_mode == train.topk_mode == "exact" for a in attentions)
+    writer = sm.build_model("nfm", dataclasses.replace(train, projections="writer"), seed=0)
+    assert sum(p.numel() for p in writer.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("placement", ["before", "after"])
+def test_where_an_nfm_module_reads_decides_how_the_read_enters(placement):
+    from modnets.nfm import NFMNetwork
+
+    class Double(torch.nn.Module):
+        def forward(self, h):
+            return 2 * h
+
+    net = NFMNetwork([Double()], (3, 3), passes=1, placement=placement)
+    net.attn(0, 0).forward = lambda h, memory=(), return_weights=False: h + 1  # a read R = 1
+    x = torch.randn(2, 3, 4)
+    # before: h(1) = f(h(0) + R) (Algorithm 1); after: h(1) = f(h(0)) + R (NFM App. B)
+    expected = 2 * (x + 1) if placement == "before" else 2 * x + 1
+    torch.testing.assert_close(net(x), expected)

@@ -365,6 +365,17 @@ def test_parameters_per_pass_or_shared():
     with pytest.raises(ValueError, match="passes"):
         per_pass(x, passes=4)
     shared(x, passes=5)  # shared parameters run any number of passes
+    # each switch on its own shares only what it names
+    for blocks_too, attention_too in ((True, False), (False, True)):
+        net = NFMNetwork(
+            conv_blocks(),
+            (3, 4, 5, 6),
+            passes=3,
+            share_blocks=blocks_too,
+            share_attention=attention_too,
+        )
+        assert (net.block(0, 1) is net.block(2, 1)) is blocks_too
+        assert (net.attn(0, 1) is net.attn(2, 1)) is attention_too
 
 
 def test_every_attention_parameter_learns_once_gamma_is_nonzero():
