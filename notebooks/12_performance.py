@@ -70,8 +70,8 @@ print(
     "| torch",
     torch.__version__,
 )
-# At cpu, compiling the experiments' seven models (section 9) outlasts this chapter's budget:
-# that row is read from the bench's recorded run instead.
+# At cpu, compiling the experiments' seven models (section 9) outlasts this
+# chapter's budget: that row is read from the bench's recorded run instead.
 RECORDED = {"cpu": Path("../bench/recorded/cpu_train_steps.json")}
 recorded = PROFILE in RECORDED and RECORDED[PROFILE].exists()
 live = [
@@ -422,10 +422,12 @@ else:
 if recorded:
     run = json.loads(RECORDED[PROFILE].read_text())
     results["train_steps"] = run["results"]["train_steps"]
+    machine = run.get("machine", "an unnamed machine")
+    when = run.get("recorded", "")
     print(
         wrap(
-            f"Recorded by python -m bench on {run.get('machine', 'an unnamed machine')}, "
-            f"{run['threads']} threads, torch {run['torch']}, {run.get('recorded', '')}."
+            f"Recorded by python -m bench on {machine}, {run['threads']} threads, "
+            f"torch {run['torch']}, {when}."
         )
     )
 r = results["train_steps"]
