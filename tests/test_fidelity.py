@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from test_nac import tiny
 
 from modnets import nac
 from modnets.experiments.tiny_imagenet import graph_penalty
@@ -17,22 +18,8 @@ from modnets.nn.skmdpa import SKMDPA
 
 
 def config(**kw) -> NACConfig:
-    base = dict(
-        input_dim=6,
-        num_outputs=3,
-        dim=16,
-        num_layers=2,
-        num_processors=8,
-        num_readouts=2,
-        num_heads=2,
-        ffn_hidden=16,
-        sig_dim=4,
-        code_dim=8,
-        code_noise=0.0,
-        state_noise=False,
-        drop_path=0.0,
-    )
-    return NACConfig(**{**base, **kw})
+    """test_nac's small circuit with no noise but NAC eq. 2's sample."""
+    return tiny(**{"code_noise": 0.0, "state_noise": False, "drop_path": 0.0, **kw})
 
 
 def circuit(**kw) -> NeuralAttentiveCircuit:
