@@ -2,11 +2,10 @@
 
 Every benchmark times both sides in this one process and reports the ratio against its target;
 see :mod:`modnets.benchmarks`. Results go to ``_build/results/bench_<profile>.json`` unless
-``--out`` says otherwise, with the machine and the date they were recorded on. The performance
-chapter runs the suite itself, except at ``cpu`` the ``train_steps`` row, whose compilations
-outlast the chapter's budget: it reads ``bench/recorded/cpu_train_steps.json``, which
-``python -m bench --profile cpu --only train_steps --out bench/recorded/cpu_train_steps.json``
-writes. This script adds one benchmark
+``--out`` says otherwise, with the machine and the date they were recorded on. At ``cpu`` the
+performance chapter reads its five slowest rows from ``bench/recorded/cpu.json``, which
+``python -m bench --profile cpu --only train_steps thread_policy ni_fused nac_vs_pio seed_workers
+--out bench/recorded/cpu.json`` writes, and times the rest itself. This script adds one benchmark
 of its own to the suite, ``graph_prior`` (the graph-prior regulariser, NAC eq. 6).
 """
 
