@@ -81,12 +81,8 @@ if PROFILE in RECORDED and RECORDED[PROFILE].exists():
     run = json.loads(RECORDED[PROFILE].read_text())
     recorded = run["results"]
     where = f"{run['machine']}, {run['threads']} threads, torch {run['torch']}"
-    names = ", ".join(recorded)
-    print(
-        wrap(
-            f"Read from a run of python -m bench on {where}, {run['recorded']}: {names}."
-        )
-    )
+    names, when = ", ".join(recorded), run["recorded"]
+    print(wrap(f"Read from a run of python -m bench on {where}, {when}: {names}."))
 live = [name for name in benchmarks.BENCHMARKS if name not in recorded]
 measured = benchmarks.run_all(PROFILE, only=live)["results"] | recorded
 results = {name: measured[name] for name in benchmarks.BENCHMARKS}
