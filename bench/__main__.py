@@ -30,8 +30,8 @@ from modnets.benchmarks import (
     BENCHMARKS,
     PRECISIONS,
     BenchConfig,
-    _result,
     compare,
+    make_result,
     median_time,
     run_all,
 )
@@ -139,7 +139,7 @@ def bench_graph_prior(cfg: BenchConfig, device) -> dict:
     )
     notes.append(f"eq. 9 heuristic at U={GRAPH_PRIOR_SIZES[0]}: median {old:.0f} ms")
     met = worst <= GRAPH_PRIOR_TARGET_MS and max(accuracy) <= 1.02 and invariance <= 1e-6
-    return _result(
+    return make_result(
         f"graph-prior regulariser, 1 thread (U={GRAPH_PRIOR_SIZES})",
         rows,
         worst,

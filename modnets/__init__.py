@@ -7,12 +7,12 @@ from modnets import threads
 threads.apply()  # before torch loads: the CPU thread policy (modnets.threads)
 
 from modnets import graphs, profiles, utils
-from modnets.baselines import PerceiverIO, ViT
 from modnets.data import data_root
 from modnets.models import build_model
-from modnets.nac import NACConfig, NACOutput, NeuralAttentiveCircuit
-from modnets.nfm import NFMAttention, NFMNetwork, NFMOutput
-from modnets.ni import (
+from modnets.models.baselines import PerceiverIO, ViT
+from modnets.models.nac import NACConfig, NACOutput, NeuralAttentiveCircuit
+from modnets.models.nfm import NFMAttention, NFMNetwork, NFMOutput
+from modnets.models.ni import (
     FunctionIteration,
     Interpreter,
     NeuralInterpreter,

@@ -225,8 +225,10 @@ def routing_shift(before: Tensor, after: Tensor) -> list[float]:
     distance ``1/2 sum_u |C_ui - C'_ui|`` between two routings of the same tokens, each stacked
     ``(n_i, B, U, T)``. 0: unchanged; 1: every token's weight moved to other functions."""
     if before.shape != after.shape or before.dim() != 4:
-        raise ValueError(f"before and after must be equal (iterations, batch, U, T) shapes, got "
-                         f"{tuple(before.shape)} and {tuple(after.shape)}")  # fmt: skip
+        raise ValueError(
+            f"before and after must be equal (iterations, batch, U, T) shapes, got "
+            f"{tuple(before.shape)} and {tuple(after.shape)}"
+        )
     return (0.5 * (before.float() - after.float()).abs().sum(2)).mean((1, 2)).tolist()
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from modnets.baselines import PerceiverIO
-from modnets.nac import NeuralAttentiveCircuit
+from modnets.models.baselines import PerceiverIO
+from modnets.models.nac import NeuralAttentiveCircuit
 
 __all__ = ["droppable", "num_dropped", "pruned", "drop_curve"]
 
@@ -30,7 +30,9 @@ def droppable(model: nn.Module) -> int:
         return model.config.num_mediators
     if isinstance(model, PerceiverIO):
         return model.config.num_processors
-    raise TypeError(f"model must be a NeuralAttentiveCircuit or PerceiverIO, got {type(model).__name__}")  # fmt: skip
+    raise TypeError(
+        f"model must be a NeuralAttentiveCircuit or PerceiverIO, got {type(model).__name__}"
+    )
 
 
 def num_dropped(fraction: float, total: int) -> int:
@@ -74,6 +76,12 @@ def drop_curve(
         runs = [score(m) for m in models]
         first = next(iter(runs[0]))
         means = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
-        out.append({"fraction": f, "modules": models[0].config.num_processors, **means,
-                    "draws": [r[first] for r in runs]})  # fmt: skip
+        out.append(
+            {
+                "fraction": f,
+                "modules": models[0].config.num_processors,
+                **means,
+                "draws": [r[first] for r in runs],
+            }
+        )
     return out

@@ -30,7 +30,7 @@ FORMAT = "modnets-pretrained-1"
 
 
 def _experiment(name: str, profile: str):
-    from modnets.experiments.harness import import_experiment
+    from modnets.experiments.core.harness import import_experiment
     from modnets.profiles import select
 
     return select(import_experiment(name).CONFIGS, profile)
@@ -49,21 +49,21 @@ def _replace(config, overrides: dict):
 
 
 def _ni_fuzzy(profile: str, **overrides) -> nn.Module:
-    from modnets.ni import NeuralInterpreter
+    from modnets.models.ni import NeuralInterpreter
 
     config = _experiment("fuzzy_boolean", profile).train.model_config()
     return NeuralInterpreter(_replace(config, overrides))
 
 
 def _ni_digits(profile: str, **overrides) -> nn.Module:
-    from modnets.ni import NeuralInterpreter
+    from modnets.models.ni import NeuralInterpreter
 
     config = _experiment("digits", profile).train.ni_config()
     return NeuralInterpreter(_replace(config, overrides))
 
 
 def _vit_digits(profile: str, small: bool = False, depth: int | None = None, **overrides):
-    from modnets.baselines import ViT
+    from modnets.models.baselines import ViT
 
     train = _experiment("digits", profile).train
     default = train.vit_small_depth if small else train.vit_depth
@@ -72,8 +72,8 @@ def _vit_digits(profile: str, small: bool = False, depth: int | None = None, **o
 
 
 def _circuit(kind: str, profile: str, **overrides) -> nn.Module:
-    from modnets.baselines import PerceiverIO
-    from modnets.nac import NeuralAttentiveCircuit
+    from modnets.models.baselines import PerceiverIO
+    from modnets.models.nac import NeuralAttentiveCircuit
     from modnets.nn.tokens import ConvTokenizer
 
     train = _experiment("tiny_imagenet", profile).train
@@ -83,7 +83,7 @@ def _circuit(kind: str, profile: str, **overrides) -> nn.Module:
 
 
 def _convnet(nfm: bool, profile: str, **overrides) -> nn.Module:
-    from modnets.nfm import ConvNet
+    from modnets.models.nfm import ConvNet
 
     t = _experiment("stacked_mnist", profile).train
     kwargs = dict(in_channels=1, num_outputs=10, width=t.width, block=t.block, pool=t.pool)

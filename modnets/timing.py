@@ -1,7 +1,7 @@
 """Measuring a callable: its time per call and the activation memory autograd keeps for it.
 
 Shared by the benchmark suite (:mod:`modnets.benchmarks`), the experiments (the Tiny-ImageNet
-speed-up of dropped modules) and the GPU budget (:mod:`modnets.experiments.budget`).
+speed-up of dropped modules) and the GPU budget (:mod:`modnets.experiments.core.budget`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from torch.utils import benchmark
 __all__ = ["median_time", "saved_bytes"]
 
 
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 2,
-                device: torch.device | str = "cpu", min_run_time: float = 0.2) -> float:  # fmt: skip
+def median_time(
+    fn: Callable[[], object],
+    repeats: int = 5,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    min_run_time: float = 0.2,
+) -> float:
     """Median time of one call of ``fn()`` in seconds, measured by ``torch.utils.benchmark``.
 
     After ``warmup`` calls, :meth:`~torch.utils.benchmark.Timer.blocked_autorange` times blocks

@@ -150,9 +150,16 @@ def wrap(text: str, width: int = TEXT_WIDTH) -> str:
             out.append(line)
             continue
         indent = line[: len(line) - len(line.lstrip())]
-        out.append(textwrap.fill(line.strip(), width, initial_indent=indent,
-                                 subsequent_indent=indent + "    ", break_long_words=False,
-                                 break_on_hyphens=False))  # fmt: skip
+        out.append(
+            textwrap.fill(
+                line.strip(),
+                width,
+                initial_indent=indent,
+                subsequent_indent=indent + "    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(out)
 
 

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 import modnets
 from modnets.nn import random_signatures
+from modnets.nn.config import use_fused_attn
 from modnets.utils import seed_everything
 
 seed_everything(0)
@@ -148,18 +149,20 @@ ND = torch.einsum("buhij,bujhc->buihc", softmax, values)
 N, D = ND[..., :d_head], ND[..., d_head:]
 assert torch.allclose((Ci * N / (1e-6 + Ci * D)).flatten(-2), mixed, atol=1e-6)
 
-attn.fused = (
-    True  # the library's fused path: the same algebra in F.scaled_dot_product_attention
-)
-assert torch.allclose(attn(x, codes, C), y, atol=1e-5)
-attn.fused = None  # the default: see below
+# the library's fused path: the same algebra in F.scaled_dot_product_attention
+with use_fused_attn(True):
+    assert torch.allclose(attn(x, codes, C), y, atol=1e-5)
 
 # %% [markdown]
 # Which form is faster depends on the number of tokens. On a GPU the fused kernel wins. On a CPU
 # with few tokens (chapter 6 at the `cpu` profile has 6: four 16×16 patches and 2 CLS tokens), $W$
 # is no larger than the queries, and the fused kernel's overhead per head costs more than it
-# saves; from some tens of tokens on (about 64 here) it is faster. Chapter 12 measures this. With `fused=None`, the default, ModAttn uses the fused kernel on a GPU and on a
-# CPU from `modnets.nn.modattn.FUSED_MIN_TOKENS` tokens on.
+# saves; from some tens of tokens on (about 64 here) it is faster. Chapter 12 measures this. By
+# default ModAttn uses the fused kernel on a GPU and on a CPU from
+# `modnets.nn.modattn.FUSED_MIN_TOKENS` tokens on. One switch sets the path of every ModAttn, as
+# timm's `use_fused_attn` does: `modnets.nn.config.set_fused_attn(True | False | None)`, or
+# `with use_fused_attn(...)` for a block as above; a ModAttn built with its own `fused=` argument
+# keeps it.
 
 # %% [markdown]
 # ## What the modulation does

@@ -55,8 +55,12 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
-from modnets.experiments.results import results_path, save_results
+from modnets.experiments.core.report import (
+    claims_table,
+    regime_sentence,
+    verdict_sentences,
+)
+from modnets.experiments.core.results import results_path, save_results
 from modnets.utils import show, wrap
 from modnets.viz import draw_routing
 
@@ -468,7 +472,7 @@ per_seed.round(4)
 #
 # The question the experiment asks is about the *ordering*: does adapting the routing alone recover
 # most of what adapting all parameters achieves? The claims at the end of the chapter answer it,
-# over seeds, by rules declared in `modnets.experiments.rules` and pinned by the rule-change log
+# over seeds, by rules declared in `modnets.experiments.core.rules` and pinned by the rule-change log
 # (chapter 13). They presuppose the paper's regime: pretraining that fits the functions.
 #
 # **A design decision, disclosed.** With 4 functions and $\tau = 1.2$, an earlier configuration sent
@@ -577,11 +581,11 @@ plt.gcf().tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.budget`; [Setting up](../book/setup.md) explains the columns and their
+# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
 # assumptions).
 
 # %%
-from modnets.experiments import budget
+from modnets.experiments.core import budget
 
 display(Markdown(budget.table(budget.estimate(fb.NAME), markdown=True)))
 

@@ -59,8 +59,12 @@ from sklearn.manifold import TSNE
 import modnets
 from modnets import diagnostics
 from modnets.experiments import digits
-from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
-from modnets.experiments.results import results_path, save_results
+from modnets.experiments.core.report import (
+    claims_table,
+    regime_sentence,
+    verdict_sentences,
+)
+from modnets.experiments.core.results import results_path, save_results
 
 PROFILE = modnets.get_profile()
 config = modnets.profiles.select(digits.CONFIGS)
@@ -608,11 +612,11 @@ plt.gcf().tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.budget`; [Setting up](../book/setup.md) explains the columns and their
+# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
 # assumptions).
 
 # %%
-from modnets.experiments import budget
+from modnets.experiments.core import budget
 
 display(Markdown(budget.table(budget.estimate(digits.NAME), markdown=True)))
 
@@ -628,7 +632,7 @@ display(Markdown(budget.table(budget.estimate(digits.NAME), markdown=True)))
 #
 # The claims of NI §4.2 (kind *paper*, each quoting the paper) and our own checks (kind *ours*),
 # over pretraining seeds, each seed's value the mean over its adaptation seeds, drop trials or
-# datasets (`modnets.experiments.digits.claims`, rules in `modnets.experiments.rules`). The
+# datasets (`modnets.experiments.digits.claims`, rules in `modnets.experiments.core.rules`). The
 # figures give no numbers, so each paper row states the smallest effect its words imply
 # ("significantly outperform": 3 points), declared before any run; the validation match is a
 # signed equivalence test within ±1 point (the paper: 0.2 % in favour of the ViT). Each claim

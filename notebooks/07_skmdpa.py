@@ -761,7 +761,7 @@ fig.tight_layout()
 
 # %%
 from modnets.experiments.tiny_imagenet import CONFIGS
-from modnets.nac import NACConfig
+from modnets.models.nac import NACConfig
 
 plain, st = fits["truncated"], fits["truncated + straight-through"]
 use_st = st["loss"] < plain["loss"]

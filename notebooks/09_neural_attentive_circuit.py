@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 
 import modnets
-from modnets.nac import NACConfig, NeuralAttentiveCircuit, nac_from_perceiver_io
+from modnets.models.nac import NACConfig, NeuralAttentiveCircuit, nac_from_perceiver_io
 from modnets.nn.skmdpa import link_probabilities
 from modnets.profiles import get_profile, select
 from modnets.utils import count_parameters, progress, seed_everything
@@ -488,11 +488,11 @@ assert len(last) == roles_cfg.num_processors - 1 and (last < R).sum() == R - 1
 # Accuracy on the toy task as modules go, least connected first, against dropping them in a
 # random order (`order="random"`, three draws). The gap between the curves is what the connectivity
 # ranking buys. Chapter 10 draws the same curves on Tiny-ImageNet, so both take them from
-# `modnets.dropping`: `drop_curve(model, score, fractions, order, draws)` drops each fraction of the
+# `modnets.pruning`: `drop_curve(model, score, fractions, order, draws)` drops each fraction of the
 # mediators in that order and averages `score` over the random draws.
 
 # %%
-from modnets.dropping import drop_curve
+from modnets.pruning import drop_curve
 
 
 def accuracy(m):

@@ -45,7 +45,7 @@ if "google.colab" in sys.modules:
 # Which modules to drop -- least connected first -- is how the paper *chooses*, not a result it
 # reports; whether that order beats a random one or most connected first is our own question
 # (kind *ours*). Every model is trained from each seed of the profile's `seeds`, and each claim
-# is decided by a rule declared before any number was seen (`modnets.experiments.rules`): the
+# is decided by a rule declared before any number was seen (`modnets.experiments.core.rules`): the
 # 95 % t-interval over seeds of the tested quantity (paired by seed where two models are
 # compared), with the smallest effect the seeds can detect beside it. The claims presuppose a
 # regime: both models well above chance and a sparse learned circuit. The
@@ -63,9 +63,13 @@ from IPython.display import Markdown, display
 
 from modnets.data.tiny_imagenet import load_tiny_imagenet
 from modnets.experiments import tiny_imagenet as ti
-from modnets.experiments.harness import fmt, seed_stats
-from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
-from modnets.experiments.results import results_path, save_results
+from modnets.experiments.core.report import (
+    claims_table,
+    regime_sentence,
+    verdict_sentences,
+)
+from modnets.experiments.core.results import results_path, save_results
+from modnets.experiments.core.stats import fmt, seed_stats
 from modnets.nn import ConvTokenizer
 from modnets.profiles import get_profile, select
 from modnets.utils import seed_everything, show, wrap
@@ -455,11 +459,11 @@ plt.tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.budget`; [Setting up](../book/setup.md) explains the columns and their
+# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
 # assumptions).
 
 # %%
-from modnets.experiments import budget
+from modnets.experiments.core import budget
 
 display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
 

@@ -74,10 +74,14 @@ from torch import nn
 from modnets.data.digits import load_mnist
 from modnets.data.stacked_mnist import make_canvases
 from modnets.experiments import stacked_mnist as sm
-from modnets.experiments.harness import fmt, seed_stats
-from modnets.experiments.report import claims_table, regime_sentence, verdict_sentences
-from modnets.experiments.results import results_path, save_results
-from modnets.nfm import (
+from modnets.experiments.core.report import (
+    claims_table,
+    regime_sentence,
+    verdict_sentences,
+)
+from modnets.experiments.core.results import results_path, save_results
+from modnets.experiments.core.stats import fmt, seed_stats
+from modnets.models.nfm import (
     ConvNet,
     NFMAttention,
     NFMNetwork,
@@ -782,11 +786,11 @@ plt.tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.budget`; [Setting up](../book/setup.md) explains the columns and their
+# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
 # assumptions).
 
 # %%
-from modnets.experiments import budget
+from modnets.experiments.core import budget
 
 display(Markdown(budget.table(budget.estimate(sm.NAME), markdown=True)))
 

@@ -32,8 +32,8 @@ if "google.colab" in sys.modules:
 # before any run). Rows of kind *ours* are questions this book asks; they are shown apart and
 # never counted as reproductions. Nothing is typed in: every row is read from the JSON files the
 # experiment chapters write (`_build/results/<experiment>_<profile>.json`), and every verdict is
-# computed by `modnets.experiments.claims` from a rule declared in
-# `modnets.experiments.rules`:
+# computed by `modnets.experiments.core.claims` from a rule declared in
+# `modnets.experiments.core.rules`:
 #
 # * **verdict**: `reproduced` when the 95 % t-interval over seeds lies wholly on the claim's side of
 #   its threshold (an equivalence: two one-sided tests within the margin), `not reproduced` when
@@ -49,7 +49,7 @@ if "google.colab" in sys.modules:
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from modnets.experiments import report
+from modnets.experiments.core import report
 from modnets.profiles import get_profile
 
 PROFILE = get_profile()

@@ -1,4 +1,4 @@
-"""Audit the rendered book's HTML as a reader sees it (issue #21), with no browser.
+"""Audit the rendered book's HTML as a reader sees it, with no browser.
 
 Each rule reads a page's code inputs, cell outputs and tables of contents with
 :class:`html.parser.HTMLParser` and returns what breaks it:

@@ -1,4 +1,4 @@
-"""Mixed precision as Colab's GPUs allow it (issue #19): bf16 where the GPU has it natively,
+"""Mixed precision as Colab's GPUs allow it: bf16 where the GPU has it natively,
 float16 with loss scaling where it does not (the default Colab T4), full precision on a CPU."""
 
 import contextlib
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modnets import training
-from modnets.experiments.harness import checkpoint_key
+from modnets.experiments.core.fingerprints import checkpoint_key
 from modnets.training import TrainConfig, amp_dtype, autocast, fit, load_train_state
 
 
@@ -56,7 +56,8 @@ def _fit(tmp_path, amp: bool, name: str):
 def test_fit_scales_the_loss_under_float16(tmp_path, monkeypatch):
     """With float16 autocast, fit adds a GradScaler (checkpointed with the training state, so a
     resumed run keeps its scale) and still trains; without amp there is none."""
-    monkeypatch.setattr(training, "amp_dtype", lambda device: torch.float16)  # as on a T4
+    for module in (training.loop, training.runtime):  # fit's scaler and the autocast
+        monkeypatch.setattr(module, "amp_dtype", lambda device: torch.float16)  # as on a T4
     history, state = _fit(tmp_path, amp=True, name="fp16")
     assert all(torch.isfinite(torch.tensor(history["loss"])))
     assert history["loss"][-1] < 0.5 * history["loss"][0]

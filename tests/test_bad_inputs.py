@@ -11,7 +11,7 @@ from modnets.benchmarks import run_all
 from modnets.data.digits import load_mnist
 from modnets.data.tiny_imagenet import load_tiny_imagenet
 from modnets.models import build_model
-from modnets.nfm import ConvNet, NFMAttention, NFMNetwork
+from modnets.models.nfm import ConvNet, NFMAttention, NFMNetwork
 from modnets.nn import ConvTokenizer, ModAttn, ModFFN, ModMLP
 from modnets.nn.read_in import ReadIn
 from modnets.training import r2_score, warmup_cosine

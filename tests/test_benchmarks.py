@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from modnets import benchmarks as b
-from modnets.ni import NeuralInterpreter
+from modnets.models.ni import NeuralInterpreter
 from modnets.nn import ModAttn
+from modnets.nn.config import fused_attn, use_fused_attn
 
 
 def test_median_time_is_per_call():
@@ -24,12 +25,12 @@ def test_equivalent_transformer_does_the_ni_matmul_work():
     # same tokens, width, heads, MLP and iterations x LOCs layers: the NI adds only its
     # tokeniser, type inference and heads (12-17 % at cpu; more at smoke's tiny widths)
     cfg = b.BenchConfig(experiments="cpu")
-    for c, batch, make_input in b._experiment_ni(cfg).values():
+    for c, batch, make_input in b.experiment_ni(cfg).values():
         ni = NeuralInterpreter(c)
-        tf = b._PreLNTransformer(c, c.num_iterations * c.num_locs * c.num_scripts)
-        streams = torch.randn(batch * c.num_functions, b._tokens(c), c.dim)
+        tf = b.ni._PreLNTransformer(c, c.num_iterations * c.num_locs * c.num_scripts)
+        streams = torch.randn(batch * c.num_functions, b.ni.ni_tokens(c), c.dim)
         x = make_input(batch, "cpu")
-        ratio = b._count_flops(lambda: ni(x)) / b._count_flops(lambda: tf(streams))  # noqa: B023
+        ratio = b.count_flops(lambda: ni(x)) / b.count_flops(lambda: tf(streams))  # noqa: B023
         assert 1.0 <= ratio <= 1.25
 
 
@@ -38,8 +39,8 @@ def test_mixing_arithmetic_is_the_mixing_s_products():
     # backward, once per ModAttn of the step: the FLOPs of a ModAttn step minus those of the same
     # step with the mixing skipped (the projections kept), up to the fused path's extra channel
     # (the D of [C v, C]: (dh + 1) / dh), times the ModAttns of an NI step
-    c, batch, _ = b._experiment_ni(b.BenchConfig(experiments="smoke"))["digits"]
-    T, U = b._tokens(c), c.num_functions
+    c, batch, _ = b.experiment_ni(b.BenchConfig(experiments="smoke"))["digits"]
+    T, U = b.ni.ni_tokens(c), c.num_functions
     attn = ModAttn(c.dim, c.code_dim, num_heads=c.num_heads, fused=False)
     x = torch.randn(batch, U, T, c.dim, requires_grad=True)
     codes, compat = torch.randn(U, c.code_dim), torch.rand(batch, U, T)
@@ -47,9 +48,9 @@ def test_mixing_arithmetic_is_the_mixing_s_products():
     def step(forward):
         return lambda: forward(x, codes, compat).square().sum().backward()
 
-    eq7 = b._count_flops(step(attn)) - b._count_flops(step(b._without_mixing(attn)))
+    eq7 = b.count_flops(step(attn)) - b.count_flops(step(b.ni._without_mixing(attn)))
     calls = c.num_iterations * c.num_locs * c.num_scripts
-    bare = b._count_flops(b._mixing_arithmetic(c, batch, "cpu")) / calls
+    bare = b.count_flops(b.ni._mixing_arithmetic(c, batch, "cpu")) / calls
     dh = c.dim // c.num_heads
     assert eq7 > 0
     assert eq7 <= bare <= eq7 * (dh + 1) / dh
@@ -58,7 +59,7 @@ def test_mixing_arithmetic_is_the_mixing_s_products():
 def test_modulated_benchmark_covers_the_experiments_shapes():
     from modnets.experiments import digits
 
-    shapes = {s[2] for s in b._modulated_shapes(b.CONFIGS["cpu"])}
+    shapes = {s[2] for s in b.layers._modulated_shapes(b.CONFIGS["cpu"])}
     c = digits.CONFIGS["cpu"].train.ni_config()
     tokens = (c.image_size // c.patch_size) ** 2 + c.num_cls
     assert (
@@ -69,12 +70,14 @@ def test_modulated_benchmark_covers_the_experiments_shapes():
     ) in shapes
 
 
-def test_set_fused_reaches_every_modattn():
-    ni = NeuralInterpreter(b._experiment_ni(b.BenchConfig(experiments="smoke"))["digits"][0])
+def test_under_runs_a_step_on_the_path_it_names_and_restores_the_switch():
+    ni = NeuralInterpreter(b.experiment_ni(b.BenchConfig(experiments="smoke"))["digits"][0])
     attns = [m for m in ni.modules() if isinstance(m, ModAttn)]
-    assert attns and all(m.fused is None for m in attns)
-    b.set_fused(ni, False)
-    assert all(m.fused is False for m in attns)
+    assert attns and all(m.fused is None for m in attns)  # every ModAttn follows the switch
+    seen = []
+    for path in (False, True):
+        b.under(path, lambda: seen.append(fused_attn()))()
+    assert seen == [False, True] and fused_attn() is None
 
 
 def test_thread_policy_is_set_before_torch_loads():
@@ -113,15 +116,15 @@ def test_bf16_precision_times_under_autocast_and_float32_does_not():
     for precision, expected in (("bfloat16", (True, torch.bfloat16)), ("float32", (False,))):
         cfg = b.BenchConfig(repeats=1, warmup=0, min_run_time=0.0, precision=precision)
         seen.clear()
-        b._time(cfg, probe, "cpu")
+        b.best_time(cfg, probe, "cpu")
         assert seen and all(call[: len(expected)] == expected for call in seen)
     assert not torch.is_autocast_enabled("cpu")  # and off again afterwards
 
 
 def test_compile_wraps_every_timed_model_only_when_asked():
     lin, attn = torch.nn.Linear(4, 4), ModAttn(8, 4, num_heads=2)
-    assert b._compiled(b.BenchConfig(), lin, attn) == (lin, attn)
-    compiled = b._compiled(b.BenchConfig(compile=True), lin, attn)
+    assert b.compiled_side(b.BenchConfig(), lin, attn) == (lin, attn)
+    compiled = b.compiled_side(b.BenchConfig(compile=True), lin, attn)
     assert all(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in compiled)
     assert [m._orig_mod for m in compiled] == [lin, attn]
 
@@ -145,14 +148,14 @@ def test_ni_memory_reports_what_autograd_keeps_on_each_path():
     # counted independently here (the two differ: the reference keeps the attention weights)
     cfg = b.BenchConfig(experiments="smoke")
     res = b.bench_ni_memory(cfg, torch.device("cpu"))
-    c, batch, make_input = b._experiment_ni(cfg)["digits"]
+    c, batch, make_input = b.experiment_ni(cfg)["digits"]
     torch.manual_seed(0)
     model = NeuralInterpreter(c)
     x = make_input(batch, "cpu")
     expected = []
     for fused in (False, True):
-        b.set_fused(model, fused)
-        expected.append(b.saved_bytes(lambda: model(x), exclude=[x, *model.parameters()]))
+        with use_fused_attn(fused):
+            expected.append(b.saved_bytes(lambda: model(x), exclude=[x, *model.parameters()]))
     got = [row["saved_MiB"] * 2**20 for row in res["rows"]]
     assert got == pytest.approx(expected, rel=1e-9)
     assert expected[0] != expected[1]
@@ -167,9 +170,9 @@ def test_times_interleave_the_sides_and_keep_each_sides_fastest_round(monkeypatc
         calls.append(name)
         return next(seconds[name])
 
-    monkeypatch.setattr(b, "_time", fake_time)
+    monkeypatch.setattr(b.core, "best_time", fake_time)
     sides = {"a": lambda: "a", "b": lambda: "b"}
-    assert b._times(b.BenchConfig(rounds=3), sides, "cpu") == {"a": 1.0, "b": 4.0}
+    assert b.interleaved_times(b.BenchConfig(rounds=3), sides, "cpu") == {"a": 1.0, "b": 4.0}
     assert calls == ["a", "b"] * 3  # round by round, not one side after the other
 
     def fails():
@@ -177,19 +180,19 @@ def test_times_interleave_the_sides_and_keep_each_sides_fastest_round(monkeypatc
 
     seconds["a"] = iter([2.0, 1.0])
     row, calls[:] = {}, []
-    got = b._times(
+    got = b.interleaved_times(
         b.BenchConfig(rounds=2, compile=True), {"a": sides["a"], "bad": fails}, "cpu", row
     )
     assert got["a"] == 1.0 and got["bad"] != got["bad"]  # NaN, and not retried
     assert calls == ["a", "a"] and "Inductor could not compile" in row["error"]
     with pytest.raises(RuntimeError):  # eager failures are bugs, not NaN
-        b._times(b.BenchConfig(rounds=1), {"bad": fails}, "cpu")
+        b.interleaved_times(b.BenchConfig(rounds=1), {"bad": fails}, "cpu")
 
 
 def test_train_steps_covers_every_experiments_models_and_has_nothing_to_compare_at_smoke():
     cfg = b.CONFIGS["smoke"]
     res = b.bench_train_steps(cfg, torch.device("cpu"))
-    assert [r["model"] for r in res["rows"]] == list(b._experiment_models(cfg))
+    assert [r["model"] for r in res["rows"]] == list(b.steps._experiment_models(cfg))
     assert {
         "NI (fuzzy Booleans)",
         "NI (digits)",
@@ -218,7 +221,9 @@ def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
     monkeypatch.setattr(torch, "compile", aot_eager)
     monkeypatch.delenv("MODNETS_COMPILE", raising=False)
     monkeypatch.setattr(
-        b, "_experiment_models", lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)}
+        b.steps,
+        "_experiment_models",
+        lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)},
     )
     res = b.bench_train_steps(b.CONFIGS["smoke"], torch.device("cpu"))
     (row,) = res["rows"]
@@ -232,7 +237,7 @@ def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
 
 def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_core(monkeypatch):
     cores = 2
-    monkeypatch.setattr(b.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(b.steps.os, "cpu_count", lambda: cores)
     launched = []
 
     class Child:  # a process whose steps take 10 ms at 2 threads and 16 ms at 1
@@ -245,14 +250,17 @@ def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_
             ms = 10.0 if self.threads == 2 else 16.0
             return json.dumps({"NI (digits)": ms}), None
 
-    monkeypatch.setattr(b.subprocess, "Popen", Child)
+    monkeypatch.setattr(b.steps.subprocess, "Popen", Child)
     cpu = dataclasses.replace(b.CONFIGS["smoke"], experiments="cpu")
     assert b.bench_seed_workers(b.CONFIGS["smoke"], torch.device("cpu"))["rows"] == []
     res = b.bench_seed_workers(cpu, torch.device("cpu"))
     assert launched == [2, 1, 1]  # one process of two threads, then two of one, at once
     (row,) = res["rows"]
     assert row["gain"] == pytest.approx(2 * 10 / 16) and res["met"] is True
-    monkeypatch.setattr(b.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(b.steps.os, "cpu_count", lambda: 1)
     assert b.bench_seed_workers(cpu, torch.device("cpu"))["met"] is None
-    times = b._workers_child("smoke", 0.01, 1)  # what each child runs, at smoke
-    assert set(times) == set(b._experiment_models(b.CONFIGS["smoke"])) and min(times.values()) > 0
+    times = b.steps._workers_child("smoke", 0.01, 1)  # what each child runs, at smoke
+    assert (
+        set(times) == set(b.steps._experiment_models(b.CONFIGS["smoke"]))
+        and min(times.values()) > 0
+    )

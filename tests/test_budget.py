@@ -1,4 +1,4 @@
-"""The GPU budget of each configuration (issue #19): what is counted, how it scales to the
+"""The GPU budget of each configuration: what is counted, how it scales to the
 configured batch, when a step needs gradient accumulation, and the table in book/setup.md."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from modnets.experiments import budget, harness
 from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.core import budget, harness
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from modnets.experiments.cli import experiment_main
+from modnets.experiments.core.cli import experiment_main
 from modnets.training import TrainConfig, fit
 
 

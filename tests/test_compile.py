@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modnets.experiments import digits, fuzzy_boolean, tiny_imagenet
-from modnets.ni import NeuralInterpreter
+from modnets.models.ni import NeuralInterpreter
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "compiler") or not torch._dynamo.is_dynamo_supported(),
@@ -122,10 +122,10 @@ def test_fit_compiles_the_model_it_steps_when_asked(monkeypatch):
 
 
 def test_fit_trains_eagerly_with_a_notice_where_no_compiler_is_found(monkeypatch):
-    from modnets import training
+    from modnets.training import runtime
 
     monkeypatch.delenv("MODNETS_COMPILE", raising=False)
-    monkeypatch.setattr(training, "compiler_available", lambda device: False)
+    monkeypatch.setattr(runtime, "compiler_available", lambda device: False)
     with pytest.warns(UserWarning, match="needs a compiler"):
         weights = _fit_tiny(_config(compile=True))
     torch.testing.assert_close(weights, _fit_tiny(_config()))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from modnets import diagnostics as dg
-from modnets.ni import NeuralInterpreter, NIConfig
+from modnets.models.ni import NeuralInterpreter, NIConfig
 
 
 def compat_from(assign, U=6, iterations=1, batch=2):

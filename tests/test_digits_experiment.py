@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import importlib
 import json
 
 import numpy as np
@@ -11,8 +12,8 @@ from PIL import Image
 from test_digits_data import fake_mnist
 
 from modnets.experiments import digits
-from modnets.experiments.harness import SCHEMA
-from modnets.experiments.rules import EXPERIMENT_RULES
+from modnets.experiments.core.harness import SCHEMA
+from modnets.experiments.core.rules import EXPERIMENT_RULES
 
 RNG = np.random.default_rng(1)
 
@@ -434,10 +435,22 @@ _REPRODUCED = dict(
 def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     # the fake files are not the released ones: read them without the md5 check
-    monkeypatch.setattr(digits, "run", functools.partial(digits.run, root=fake_root, verify=False))
+    run = functools.partial(digits.run, root=fake_root, verify=False)
+    monkeypatch.setattr(importlib.import_module("modnets.experiments.digits.run"), "run", run)
     out = tmp_path / "results.json"
     digits.main(["--profile", "smoke", "--quiet", "--out", str(out)])
     results = json.loads(out.read_text())
     assert tuple(results) == SCHEMA and results["seeds"] == [0, 1]
     assert results["claims"] and all(c["verdict"] for c in results["claims"])
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_build_model_names_every_model_and_refuses_others():
+    t = digits.CONFIGS["smoke"].train
+    counts = {
+        k: sum(p.numel() for p in digits.build_model(k, t).parameters()) for k in digits.BUILDERS
+    }
+    assert counts["ni"] == sum(p.numel() for p in digits.build_ni(t).parameters())
+    assert counts["vit_small"] < counts["vit"]  # the parameter-matched ViT is the smaller one
+    with pytest.raises(ValueError, match="kind must be one of"):
+        digits.build_model("cnn", t)

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from test_nac import tiny
 
-from modnets import nac
 from modnets.experiments.tiny_imagenet import graph_penalty
 from modnets.graphs import GraphPriorRegularizer, graphon, hungarian_permutation
-from modnets.nac import KERNEL_REGIMES, NACConfig, NeuralAttentiveCircuit
-from modnets.ni import RESIDUALS, Interpreter
+from modnets.models import nac
+from modnets.models.nac import KERNEL_REGIMES, NACConfig, NeuralAttentiveCircuit
+from modnets.models.ni import RESIDUALS, Interpreter
 from modnets.nn import ModFC
 from modnets.nn.skmdpa import SKMDPA
 
@@ -290,7 +290,7 @@ def test_a_read_out_that_skips_the_read_in_modules_reads_the_mediators_alone():
             if reads:  # the read-out attends to all 8 processor modules
                 logits, _ = model.read_out(torch.cat([states, med], 1), design)
             else:  # to the 6 mediators only
-                logits, _ = model.read_out(med, nac._mediators_only(design, R))
+                logits, _ = model.read_out(med, nac.mediators_only(design, R))
         torch.testing.assert_close(out.logits, logits)
         assert out.design.codes.shape[-2] == (8 if reads else 6)
 
@@ -331,7 +331,7 @@ def test_the_ni_bandwidth_starts_at_sigma():
 
 def test_the_stacked_mnist_nfm_keeps_exactly_k_and_reads_with_its_own_projections():
     from modnets.experiments import stacked_mnist as sm
-    from modnets.nfm import NFMAttention
+    from modnets.models.nfm import NFMAttention
 
     train = sm.CONFIGS["smoke"].train
     model = sm.build_model("nfm", train, seed=0)
@@ -343,7 +343,7 @@ def test_the_stacked_mnist_nfm_keeps_exactly_k_and_reads_with_its_own_projection
 
 @pytest.mark.parametrize("placement", ["before", "after"])
 def test_where_an_nfm_module_reads_decides_how_the_read_enters(placement):
-    from modnets.nfm import NFMNetwork
+    from modnets.models.nfm import NFMNetwork
 
     class Double(torch.nn.Module):
         def forward(self, h):

@@ -1,6 +1,7 @@
 """NI §4.1: fuzzy Boolean functions, the R^2 metric, the finetuning regimes, the experiment."""
 
 import dataclasses
+import importlib
 import itertools
 import json
 import re
@@ -23,10 +24,13 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments import harness
-from modnets.experiments.harness import SCHEMA
-from modnets.experiments.rules import EXPERIMENT_RULES
+from modnets.experiments.core import fingerprints
+from modnets.experiments.core.harness import SCHEMA
+from modnets.experiments.core.rules import EXPERIMENT_RULES
 from modnets.training import CheckpointError, r2_score
+
+# the module, not the function the package names after it
+SWEEP_MODULE = importlib.import_module("modnets.experiments.fuzzy_boolean.sweep")
 
 CORNERS = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)))
 
@@ -204,7 +208,7 @@ def test_experiment_runs_end_to_end_at_smoke_profile(tmp_path):
         len(s[r]) == 2 and 0 <= min(s[r]) <= max(s[r]) <= 1 for s in shift for r in fb.REGIMES
     )
     assert max(shift[0]["cls"][:1]) < 1e-6  # CLS tokens alone cannot move the first iteration
-    assert "NI Table 1" in fb.format_table(results)
+    assert "NI Table 1" in fb.format_summary(results)
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -337,7 +341,7 @@ def test_the_sweep_resumes_its_models_and_refuses_a_junk_state(tmp_path, monkeyp
         calls.append((state_path, resume))
         return real(model, data, tc, seed, desc, show_progress, state_path, resume)
 
-    monkeypatch.setattr(fb, "train", spy)
+    monkeypatch.setattr(fb.models, "train", spy)
     fb.sweep(config, show_progress=False, resume=True)
     assert calls and all(resume for _, resume in calls)  # every candidate and finetune
     for checkpoint in tmp_path.glob("*.pt"):  # nothing trained: the next sweep trains again
@@ -378,8 +382,8 @@ def test_pinned_settings_are_the_recorded_sweeps_choice():
         assert config.sweep is None and config.selection_seeds == (sw.seed,)
         assert {k: config.train.model[k] for k in report["chosen"]} == report["chosen"]
         assert dict(config.train.finetune_lrs) == report["finetune_lrs"]
-        assert record["sweep"] == json.loads(json.dumps(harness._plain(sw)))
-        started = harness._plain(fb.unswept(config.train), for_key=True)
+        assert record["sweep"] == json.loads(json.dumps(fingerprints.plain(sw)))
+        started = fingerprints.plain(fb.unswept(config.train), for_key=True)
         started = json.loads(json.dumps(started))
         assert record["train"] == started, f"the {profile} training changed: rerun record_sweep"
         assert not set(config.selection_seeds) & set(config.seeds)
@@ -391,7 +395,7 @@ def test_record_sweep_writes_what_the_sweep_chose(tmp_path, monkeypatch):
     pinned = dataclasses.replace(smoke, sweep=None, selection_seeds=(smoke.sweep.seed,))
     monkeypatch.setitem(fb.CONFIGS, "smoke", pinned)
     monkeypatch.setitem(fb.RECORDED_SWEEPS, "smoke", smoke.sweep)
-    monkeypatch.setattr(fb, "sweep_record_path", lambda p: tmp_path / f"sweep_{p}.json")
+    monkeypatch.setattr(SWEEP_MODULE, "sweep_record_path", lambda p: tmp_path / f"sweep_{p}.json")
     record = fb.record_sweep("smoke", show_progress=False)
     assert fb.load_sweep_record("smoke") == json.loads(json.dumps(record))
     chosen, _ = fb.sweep(dataclasses.replace(pinned, sweep=smoke.sweep), show_progress=False)

@@ -14,10 +14,10 @@ from scipy import stats
 from torch import nn
 
 from modnets import probes
-from modnets.experiments import claims as cl
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments import harness, report
-from modnets.ni import NeuralInterpreter, NIConfig
+from modnets.experiments.core import claims as cl
+from modnets.experiments.core import fingerprints, harness, report
+from modnets.models.ni import NeuralInterpreter, NIConfig
 from modnets.training import CheckpointError, TrainConfig, fit
 
 EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
@@ -136,7 +136,7 @@ def tmp_modules(tmp_path, monkeypatch):
     (tmp_path / "modnets_fp_a.py").write_text("import modnets_fp_b\n")
     (tmp_path / "modnets_fp_b.py").write_text("X = 1\n")
     yield tmp_path
-    harness._module_closure.cache_clear()
+    fingerprints._module_closure.cache_clear()
     for m in ("modnets_fp_a", "modnets_fp_b"):
         sys.modules.pop(m, None)
 
@@ -144,7 +144,7 @@ def tmp_modules(tmp_path, monkeypatch):
 def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
     before = harness.code_fingerprint("modnets_fp_a")
     (tmp_modules / "modnets_fp_b.py").write_text("X = 2\n")  # a change in an imported module
-    harness._module_closure.cache_clear()
+    fingerprints._module_closure.cache_clear()
     assert harness.code_fingerprint("modnets_fp_a") != before
 
     def f():
@@ -170,9 +170,9 @@ def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
     with pytest.raises(TypeError, match="modules"):
         harness.code_fingerprint(3)
     # "from modnets import distributed" is that module, not the package (and every architecture)
-    closure = harness._module_closure("modnets.training")
+    closure = fingerprints._module_closure("modnets.training")
     assert "modnets.distributed" in closure and "modnets" not in closure
-    assert "modnets.nfm" not in harness._module_closure("modnets.ni")
+    assert "modnets.models.nfm" not in fingerprints._module_closure("modnets.models.ni")
 
 
 def test_a_module_run_with_python_m_keys_its_code_as_when_imported(tmp_path):
@@ -181,7 +181,7 @@ def test_a_module_run_with_python_m_keys_its_code_as_when_imported(tmp_path):
     (tmp_path / "modnets_fp_pkg").mkdir()
     (tmp_path / "modnets_fp_pkg" / "__init__.py").write_text("")
     (tmp_path / "modnets_fp_pkg" / "run.py").write_text(
-        "from modnets.experiments.harness import code_fingerprint\n\n\n"
+        "from modnets.experiments.core.harness import code_fingerprint\n\n\n"
         "def helper():\n    return 1\n\n\ndef step():\n    return helper()\n\n\n"
         'if __name__ == "__main__":\n    print(code_fingerprint(step))\n'
     )
@@ -516,7 +516,7 @@ def test_a_resumed_fit_logs_the_same_curve(tmp_path):
 
 
 def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path):
-    from modnets.experiments.results import results_path, save_results
+    from modnets.experiments.core.results import results_path, save_results
 
     a = cl.holm([cl.test("table1-type-beats-cls", [0.05, 0.3, 0.2, 0.25, 0.02])], "fuzzy")
     b = cl.holm([cl.test("fig5a-ni-vs-vit", [0.05, 0.4, 0.1, 0.3, 0.02])], "digits")
@@ -594,8 +594,8 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
 
 
 def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
-    from modnets.data.tiny_imagenet import _write_cache
-    from modnets.experiments.results import save_results
+    from modnets.data.tiny_imagenet_cache import write_cache
+    from modnets.experiments.core.results import save_results
     from modnets.training import save_checkpoint
 
     results = harness.results_dict(
@@ -608,7 +608,7 @@ def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
             save_checkpoint({"w": torch.zeros(2)}, tmp_path / "a" / "model.pt"),
             save_results(results, tmp_path / "a" / "r.json"),
         ]
-        _write_cache(tmp_path / "a" / "cache.npz", np.zeros(2), np.zeros(2))
+        write_cache(tmp_path / "a" / "cache.npz", np.zeros(2), np.zeros(2))
         plain = tmp_path / "plain.txt"
         plain.write_text("x")
     finally:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modnets.nfm import (
+from modnets.models.nfm import (
     ConvNet,
     NFMAttention,
     NFMNetwork,

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import modnets
 from modnets.nn import random_signatures
+from modnets.nn.config import set_fused_attn, use_fused_attn
 
 
 def tiny_config(**kw):
@@ -169,10 +170,10 @@ def test_modattn_fused_equals_eq7_reference_eps_included():
     # agree to rounding (float64: 1e-12) even where C_i is tiny and eps shapes the row.
     attn = modnets.ModAttn(8, 4, num_heads=2).double()
     x, codes, compat = _zeroed_streams()
-    attn.fused = True
-    fused = attn(x, codes, compat)
-    attn.fused = False
-    reference = attn(x, codes, compat)
+    with use_fused_attn(True):
+        fused = attn(x, codes, compat)
+    with use_fused_attn(False):
+        reference = attn(x, codes, compat)
     torch.testing.assert_close(fused, reference, atol=1e-12, rtol=1e-10)
     # where eps matters, the output is visibly not the eps -> 0 limit
     row_sum = attn.attention_weights(x, codes, compat)[0, 0, :, 0].sum(-1)
@@ -181,8 +182,9 @@ def test_modattn_fused_equals_eq7_reference_eps_included():
     attn32 = modnets.ModAttn(8, 4, num_heads=2)
     x32, codes32, compat32 = (t.float() for t in _zeroed_streams())
     ys = []
-    for attn32.fused in (True, False):
-        ys.append(attn32(x32, codes32, compat32))
+    for path in (True, False):
+        with use_fused_attn(path):
+            ys.append(attn32(x32, codes32, compat32))
     torch.testing.assert_close(ys[0], ys[1], atol=1e-5, rtol=1e-5)
 
 
@@ -199,8 +201,9 @@ def test_modattn_fused_padded_heads_equal_eq7_reference(align, monkeypatch):
     x, codes, compat = _zeroed_streams()
     bias = torch.randn(3, 2, 6, 6, dtype=torch.float64, requires_grad=True)
     outs = []
-    for attn.fused in (True, False):
-        out = attn(x, codes, compat, bias)
+    for path in (True, False):
+        with use_fused_attn(path):
+            out = attn(x, codes, compat, bias)
         outs.append((out, *torch.autograd.grad(out.square().sum(), bias)))
     for fused, reference in zip(*outs, strict=True):
         torch.testing.assert_close(fused, reference, atol=1e-12, rtol=1e-10)
@@ -226,10 +229,11 @@ def test_modattn_fused_gradcheck_with_exact_zeros():
 def test_modattn_fused_gradients_equal_reference_and_are_finite():
     attn = modnets.ModAttn(8, 4, num_heads=2).double()
     grads = []
-    for attn.fused in (True, False):
+    for path in (True, False):
         x, codes, compat = (t.requires_grad_() for t in _zeroed_streams())
         attn.zero_grad()
-        attn(x, codes, compat).square().sum().backward()
+        with use_fused_attn(path):
+            attn(x, codes, compat).square().sum().backward()
         grads.append([x.grad, codes.grad, compat.grad] + [p.grad for p in attn.parameters()])
     for fused, reference in zip(*grads, strict=True):
         assert torch.isfinite(fused).all()
@@ -258,14 +262,13 @@ def test_modattn_fused_saves_no_attention_weights(T):
     x = torch.randn(B, U, T, 8, requires_grad=True)
     codes, compat = torch.randn(U, 4), torch.rand(B, U, T)
     weights = B * U * H * T * T
-    attn.fused = True
-    assert _largest_saved(attn, x, codes, compat) < weights
-    attn.fused = False  # the reference keeps them: the check can fail
-    assert _largest_saved(attn, x, codes, compat) >= weights
-    assert _saved_weights(attn, x, codes, compat)  # (the shape check below can fail too)
-    attn.fused = True
-    assert not _saved_weights(attn, x, codes, compat)
-    attn.fused = None  # on a CPU: the reference below FUSED_MIN_TOKENS tokens, fused from there
+    with use_fused_attn(True):
+        assert _largest_saved(attn, x, codes, compat) < weights
+        assert not _saved_weights(attn, x, codes, compat)
+    with use_fused_attn(False):  # the reference keeps them: the check can fail
+        assert _largest_saved(attn, x, codes, compat) >= weights
+        assert _saved_weights(attn, x, codes, compat)  # (the shape check above can fail too)
+    # the default: on a CPU the reference below FUSED_MIN_TOKENS tokens, fused from there
     fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
     assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
 
@@ -308,10 +311,11 @@ def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():
         x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
         bias = torch.randn(U, H, T, T, requires_grad=True)
         out = {}
-        for attn.fused in (False, True, None):
-            y = attn(x, codes, compat, bias)
+        for path in (False, True, None):
+            with use_fused_attn(path):
+                y = attn(x, codes, compat, bias)
             (g,) = torch.autograd.grad(y.square().sum(), bias)
-            out[attn.fused] = (y, g)
+            out[path] = (y, g)
         torch.testing.assert_close(out[False][0], out[True][0])  # the two paths agree ...
         # ... and fused=None ran exactly one of them (bit for bit, bias gradient included)
         for a, b in zip(out[None], out[expected], strict=True):
@@ -354,7 +358,7 @@ def test_modattn_fused_takes_a_fused_gpu_kernel(dim, T, dtype):
     low = dtype != torch.float32
     tol = 3e-2 if low else 1e-4
     for bias in (None, learned):
-        attn.fused = None  # on CUDA: fused
+        # the default (no switch set) on CUDA: fused
         with sdpa_kernel(fused_kernels), torch.autocast("cuda", dtype, enabled=low):
             out = attn(x, codes, compat, bias)
             out.float().square().mean().backward()
@@ -776,3 +780,23 @@ def test_functions_added_after_a_dtype_change_take_the_model_s_dtype():
     model.add_functions(2)
     assert {p.dtype for p in model.parameters()} == {torch.float64}
     assert model(torch.randn(2, 3, 8, 8, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_the_fused_switch_sets_every_modattn_unless_built_with_its_own():
+    """``modnets.nn.config`` is the one switch; a ModAttn's own ``fused`` argument wins over it,
+    the attribute is read-only, and the switch is restored after a ``with`` block."""
+    x, codes, compat = _zeroed_streams()
+    follows = modnets.ModAttn(8, 4, num_heads=2).double()
+    own = modnets.ModAttn(8, 4, num_heads=2, fused=False).double()
+    own.load_state_dict(follows.state_dict())
+    with use_fused_attn(True):
+        assert not _saved_weights(follows, x, codes, compat)
+        assert _saved_weights(own, x, codes, compat)  # built with fused=False: eq. 7 as written
+    with use_fused_attn(False):
+        assert _saved_weights(follows, x, codes, compat)
+    assert modnets.nn.config.fused_attn() is None
+    with pytest.raises(AttributeError):
+        follows.fused = True
+    for bad in (1, "yes"):
+        with pytest.raises(TypeError, match="fused"):
+            set_fused_attn(bad)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from modnets import parallel
-from modnets.experiments import harness
+from modnets.experiments.core import harness
 
 
 def _where(x):

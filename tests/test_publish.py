@@ -1,4 +1,4 @@
-"""The publishing workflow (issue #19): it cannot run here, so its shape is checked instead --
+"""The publishing workflow: it cannot run here, so its shape is checked instead --
 valid YAML, the Jupyter Book v1 GitHub Pages workflow (build, upload _build/html, deploy), the
 cpu profile, the execution cache kept between runs, and only Makefile targets that exist."""
 

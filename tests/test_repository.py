@@ -60,9 +60,9 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_baselines_depend_on_layers_only():
     """A baseline must not be built from the model it is a baseline for."""
-    imported = _imported_modules(ROOT / "modnets" / "baselines.py")
+    imported = _imported_modules(ROOT / "modnets" / "models" / "baselines.py")
     assert "modnets.nn.tokens" in imported  # the check reads real imports: it can fail
-    models = {"modnets.ni", "modnets.nac", "modnets.nfm", "modnets.models"}
+    models = {"modnets.models.ni", "modnets.models.nac", "modnets.models.nfm", "modnets.models"}
     assert not imported & models, f"baselines.py imports {sorted(imported & models)}"
 
 
@@ -82,11 +82,13 @@ def private_modnets_names(source: str) -> list[str]:
 
 
 def test_private_name_check_can_fail():
-    assert private_modnets_names("from modnets.nac import NACConfig, _helper as h") == ["_helper"]
-    assert private_modnets_names("x = modnets.experiments.digits._fit(1)") == ["_fit"]
-    assert private_modnets_names("from modnets.nac import (\n    NACConfig,\n    _hidden,\n)") == [
-        "_hidden"
+    assert private_modnets_names("from modnets.models.nac import NACConfig, _helper as h") == [
+        "_helper"
     ]
+    assert private_modnets_names("x = modnets.experiments.digits._fit(1)") == ["_fit"]
+    assert private_modnets_names(
+        "from modnets.models.nac import (\n    NACConfig,\n    _hidden,\n)"
+    ) == ["_hidden"]
     assert private_modnets_names("from modnets import graphs\nimport numpy as _np") == []
 
 
@@ -150,7 +152,7 @@ _NAMED = re.compile(r"(NI|NAC|NFM) [Ee]qs?\.")
 
 
 def unnamed_equation_references(text: str) -> list[str]:
-    """Lines that cite an equation without naming its paper (the issue #20 grep)."""
+    """Lines that cite an equation without naming its paper."""
     return [line for line in text.splitlines() if _EQ_REF.search(line) and not _NAMED.search(line)]
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from statsmodels.stats.power import TTestPower
 
-from modnets.experiments import claims as cl
-from modnets.experiments import rules as rl
+from modnets.experiments.core import claims as cl
+from modnets.experiments.core import rules as rl
 
 TOY = {
     "up": rl.Rule(
@@ -150,7 +150,7 @@ def test_holm_is_statsmodels_over_the_paper_claims_only():
 
 def test_outside_the_regime_is_not_testable_with_the_shortfall():
     c = cl.test("up", [0.4, 0.5, 0.6], rules=TOY)
-    from modnets.experiments.harness import regime
+    from modnets.experiments.core.harness import regime
 
     reg = regime("fit", {"R²": (0.8, 0.99, ">=")})
     assert not reg["reached"] and "R² 0.8 (needs >= 0.99)" in reg["shortfall"]

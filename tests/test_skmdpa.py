@@ -209,7 +209,7 @@ def test_the_experiments_take_the_straight_through_that_fits_the_prior_better():
     """Chapter 7 decides whether the Tiny-ImageNet NACs pass a straight-through gradient to
     truncated links: whichever kernel ends nearer the scale-free prior."""
     from modnets.experiments.tiny_imagenet import CONFIGS
-    from modnets.nac import NACConfig
+    from modnets.models.nac import NACConfig
 
     better = _fit_scale_free(True) < _fit_scale_free(False)
     for name, experiment in CONFIGS.items():

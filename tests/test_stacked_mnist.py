@@ -1,6 +1,7 @@
 """Stacked MNIST (NFM §4.2, App. C): the canvases, and the experiment's plumbing on fake MNIST."""
 
 import dataclasses
+import importlib
 import json
 import signal
 
@@ -12,10 +13,13 @@ from test_digits_data import fake_mnist
 
 from modnets.data import digits as digits_data
 from modnets.data.stacked_mnist import downsample, make_canvases, sample_positions
-from modnets.experiments import harness
 from modnets.experiments import stacked_mnist as sm
-from modnets.experiments.results import load_results, save_results
-from modnets.experiments.rules import EXPERIMENT_RULES
+from modnets.experiments.core import harness
+from modnets.experiments.core.results import load_results, save_results
+from modnets.experiments.core.rules import EXPERIMENT_RULES
+
+# the module, not the function the package names after it
+sm_run = importlib.import_module("modnets.experiments.stacked_mnist.run")
 
 
 def digit_images(n=40):
@@ -133,7 +137,7 @@ def test_batches_hold_one_digit_count():
     images, labels = digit_images()
     data = {1: make_canvases(images, labels, 20, 1), 3: make_canvases(images, labels, 12, 3)}
     seen = {1: [], 3: []}
-    for c, idx in sm._batches(data, 4, torch.Generator().manual_seed(0)):
+    for c, idx in sm.canvas_batches(data, 4, torch.Generator().manual_seed(0)):
         seen[c] += idx.tolist()
     assert sorted(seen[1]) == list(range(20)) and sorted(seen[3]) == list(range(12))
 
@@ -401,7 +405,7 @@ def test_convergence_gain_is_the_rise_of_the_best_over_the_last_fifth():
 def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch):
     """With finetune_epochs, the CNN is trained once per seed; the CNN and NFM(CNN) then go on
     from its weights, both computing exactly the pretrained CNN's function at the start."""
-    x = sm._inputs(torch.randint(0, 256, (3, 1, 64, 64), dtype=torch.uint8), "cpu")
+    x = sm.inputs(torch.randint(0, 256, (3, 1, 64, 64), dtype=torch.uint8), "cpu")
     starts, real_train = [], sm.train
 
     def recording(model, data, optim, *args, **kwargs):
@@ -412,7 +416,7 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
             starts.append(("end", model.nfm is not None, model.eval()(x)))
         return history
 
-    monkeypatch.setattr(sm, "train", recording)
+    monkeypatch.setattr(sm.models, "train", recording)
     data = sm.training_data(TINY_FT.train, verify=False)
     nfm, hist = sm.trained_model("nfm", TINY_FT, 0, data, "cpu", show_progress=False, verify=False)
     cnn, cnn_hist = sm.trained_model(
@@ -463,7 +467,7 @@ def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
 
 
 def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
-    rounds = sm._tasks(TINY_FT)
+    rounds = sm_run._tasks(TINY_FT)
     assert [{t[2] for t in r} for r in rounds] == [{"pretrain"}, {"nfm", "cnn"}]
     assert rounds[1][0][2] == "nfm"  # the longest first
     first = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=2)

@@ -199,11 +199,11 @@ def test_cache_is_written_and_used(tree, monkeypatch):
     def no_decode(*args):
         raise AssertionError("decoded although cached")
 
-    decode_all = tin._decode_all
-    monkeypatch.setattr(tin, "_decode_all", no_decode)
+    decode_all = tin.decode_all
+    monkeypatch.setattr(tin, "decode_all", no_decode)
     second = load_tiny_imagenet("train", classes=2, download=False)
     assert torch.equal(first.images, second.images) and torch.equal(first.labels, second.labels)
-    monkeypatch.setattr(tin, "_decode_all", decode_all)
+    monkeypatch.setattr(tin, "decode_all", decode_all)
     # changed data gets a new key: never served stale
     (tree / "train" / WNIDS[0] / "images" / f"{WNIDS[0]}_10.JPEG").unlink()
     third = load_tiny_imagenet("train", classes=2, download=False)

@@ -9,11 +9,12 @@ import pytest
 import torch
 from test_tiny_imagenet_data import make_tree
 
-from modnets.experiments import harness
 from modnets.experiments import tiny_imagenet as ti
-from modnets.experiments.harness import SCHEMA
-from modnets.experiments.rules import EXPERIMENT_RULES
-from modnets.nac import NeuralAttentiveCircuit
+from modnets.experiments.core import harness
+from modnets.experiments.core.harness import SCHEMA
+from modnets.experiments.core.rules import EXPERIMENT_RULES
+from modnets.models.nac import NeuralAttentiveCircuit
+from modnets.pruning import pruned
 
 SMOKE = ti.CONFIGS["smoke"]
 TRAIN = dataclasses.replace(
@@ -89,7 +90,7 @@ def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypat
         calls.append(1)
         return train(*args, **kwargs)
 
-    monkeypatch.setattr(ti, "train", counting)
+    monkeypatch.setattr(ti.models, "train", counting)
     data = ti.load_data(TRAIN)
     model, history = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
     assert len(calls) == 1
@@ -216,7 +217,7 @@ def test_pruned_drops_least_connected_first():
     model = ti.build_model("nac", TRAIN)
     assert isinstance(model, NeuralAttentiveCircuit)
     R, M = model.config.num_read_in, model.config.num_mediators  # smoke: 2 read-in, 8 mediators
-    small = ti.pruned(model, 0.5)  # half of the mediators
+    small = pruned(model, 0.5)  # half of the mediators
     q = model.module_importance()
     mask = model.keep_mask(4)
     kept = torch.nonzero(mask).squeeze(-1)
@@ -224,7 +225,7 @@ def test_pruned_drops_least_connected_first():
     assert q[R:][mask[R:]].min() >= q[~mask].max()  # the 4 dropped are the least connected
     torch.testing.assert_close(small.generator.codes, model.generator.codes[kept])
     pio = ti.build_model("pio", TRAIN)
-    assert ti.pruned(pio, 0.9).latents.shape[0] == 1
+    assert pruned(pio, 0.9).latents.shape[0] == 1
 
 
 def test_drop_orders_and_random_draws():

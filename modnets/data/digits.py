@@ -71,7 +71,7 @@ _KMNIST = {
     # no checksum recorded for the train npz files: they are parsed and shape-checked instead
     "kmnist-train-imgs.npz": (),
     "kmnist-train-labels.npz": (),
-    # the current release, and the first release (Dec 2018) kept in shared/data
+    # the current release, and the first release (the one kept in shared/data)
     "kmnist-test-imgs.npz": (
         "dace6de62ca8b90843cc45366337d02e",
         "c8fe4d39f842711ac6cc8c1b4be5ee21",
@@ -146,8 +146,15 @@ def _elsewhere(folder: Path, root: Path) -> Path:
     return _download_root() / folder.relative_to(root)
 
 
-def _ensure(dataset: str, base_url: str, files: dict[str, tuple[str, ...]], folder: Path,
-            download: bool, verify: bool, root: Path | None = None) -> Path:  # fmt: skip
+def _ensure(
+    dataset: str,
+    base_url: str,
+    files: dict[str, tuple[str, ...]],
+    folder: Path,
+    download: bool,
+    verify: bool,
+    root: Path | None = None,
+) -> Path:
     """The folder that holds ``files``: ``folder``, or, where files are missing there and it
     cannot be written, the same folder under :func:`modnets.data.download_root` (downloaded into, md5
     checked, when ``download``)."""

@@ -69,9 +69,14 @@ def downsample(images: np.ndarray, size: int = DIGIT_SIZE) -> np.ndarray:
     return F.interpolate(x, size=(size, size), mode="nearest")[:, 0].numpy()
 
 
-def sample_positions(n: int, num_digits: int, rng: np.random.Generator,
-                     canvas_size: int = CANVAS_SIZE, digit_size: int = DIGIT_SIZE,
-                     max_rounds: int = 10_000) -> np.ndarray:  # fmt: skip
+def sample_positions(
+    n: int,
+    num_digits: int,
+    rng: np.random.Generator,
+    canvas_size: int = CANVAS_SIZE,
+    digit_size: int = DIGIT_SIZE,
+    max_rounds: int = 10_000,
+) -> np.ndarray:
     """Top-left corners ``(n, num_digits, 2)`` of non-overlapping ``digit_size`` boxes.
 
     All positions are drawn uniformly; the canvases with a colliding pair are drawn again (the
@@ -100,9 +105,15 @@ def sample_positions(n: int, num_digits: int, rng: np.random.Generator,
     )
 
 
-def make_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, num_digits: int,
-                  seed: int = 0, canvas_size: int = CANVAS_SIZE,
-                  digit_size: int = DIGIT_SIZE) -> StackedMNIST:  # fmt: skip
+def make_canvases(
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_canvases: int,
+    num_digits: int,
+    seed: int = 0,
+    canvas_size: int = CANVAS_SIZE,
+    digit_size: int = DIGIT_SIZE,
+) -> StackedMNIST:
     """``num_canvases`` canvases of ``num_digits`` digits of distinct classes each.
 
     Args:
@@ -147,9 +158,15 @@ def make_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, num
     )
 
 
-def load_stacked_mnist(split: str, num_canvases: int, num_digits: int, seed: int = 0,
-                       indices: np.ndarray | None = None, root=None,
-                       verify: bool = True) -> StackedMNIST:  # fmt: skip
+def load_stacked_mnist(
+    split: str,
+    num_canvases: int,
+    num_digits: int,
+    seed: int = 0,
+    indices: np.ndarray | None = None,
+    root=None,
+    verify: bool = True,
+) -> StackedMNIST:
     """Canvases from MNIST's ``split`` ("train" or "test"); ``indices`` restricts the digit
     images to a subset (e.g. train images held out for validation)."""
     images, labels = load_mnist(split, root=root, verify=verify)

@@ -54,27 +54,41 @@ transform.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import tempfile
 import urllib.error
 import zipfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from modnets.data import DatasetCorruptedError, DatasetNotFoundError, data_root
 from modnets.data import download_root as _download_root
 from modnets.data import writable as _writable
+from modnets.data.augment import (
+    AUGMENT_PROFILES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    TinyImageNetAugment,
+    denormalize,
+    normalize,
+    train_augment,
+)
 from modnets.data.digits import _download, _root, md5sum
-from modnets.utils import atomic_file
+from modnets.data.tiny_imagenet_cache import (
+    CACHE_ENV_VAR,
+    IMAGE_SIZE,
+    cache_dir,
+    cache_file,
+    decode_all,
+    read_cache,
+    write_cache,
+)
 
 __all__ = [
     "TinyImageNet",
@@ -98,33 +112,23 @@ __all__ = [
 ]
 
 SPLITS = ("train", "val")
-IMAGE_SIZE = 64
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
 TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
-CACHE_ENV_VAR = "MODNETS_CACHE"
+
 DOWNLOAD_TIMEOUT = 10.0  # seconds per socket operation: fail fast without internet
+
 TRAIN_PER_CLASS = 500  # train images per class in the release
+
 _FOLDER = "tiny-imagenet-200"
-_CACHE_VERSION = 1
+
 _JPEG_SUFFIXES = (".jpeg", ".jpg")
-
-
-# ----------------------------------------------------------------------------- paths and text files
 
 
 def tiny_imagenet_dir(root: str | os.PathLike | None = None) -> Path:
     """``<root>/TinyImageNet/tiny-imagenet-200`` (``root`` defaults to :func:`data_root`)."""
     return _root(root) / "TinyImageNet" / _FOLDER
-
-
-def cache_dir() -> Path:
-    """Where decoded arrays are cached: ``$MODNETS_CACHE/tiny_imagenet_cache`` or
-    ``~/.cache/modnets/tiny_imagenet_cache`` (not created here)."""
-    env = os.environ.get(CACHE_ENV_VAR, "").strip()
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "modnets"
-    return base / "tiny_imagenet_cache"
 
 
 def read_wnids(folder: str | os.PathLike) -> list[str]:
@@ -145,9 +149,6 @@ def read_class_names(folder: str | os.PathLike, wnids: Sequence[str]) -> list[st
         if wnid in wanted:
             names[wnid] = words.split(",")[0].strip() or wnid
     return [names.get(w, w) for w in wnids]
-
-
-# ----------------------------------------------------------------------------- download
 
 
 def _how(folder: Path) -> str:
@@ -210,8 +211,10 @@ def _full_copy(folder: Path, classes, download: bool) -> Path:
     if not short:
         return folder
     first = next(iter(short))
-    missing = (f"{len(short)} classes hold fewer than the release's {TRAIN_PER_CLASS} train "
-               f"images (e.g. {first}: {short[first]}) in {folder}")  # fmt: skip
+    missing = (
+        f"{len(short)} classes hold fewer than the release's {TRAIN_PER_CLASS} train "
+        f"images (e.g. {first}: {short[first]}) in {folder}"
+    )
     other = tiny_imagenet_dir(_download_root())
     if other != folder:
         if other.is_dir() and (other / "wnids.txt").exists():
@@ -226,9 +229,12 @@ def _full_copy(folder: Path, classes, download: bool) -> Path:
                     f"{missing}; downloading the release into {other} failed:\n{err}"
                 ) from None
             return other
-    why = ("downloading is off" if not download else
-           f"the release is downloaded only into a writable folder without a partial copy, and "
-           f"{other} is not one")  # fmt: skip
+    why = (
+        "downloading is off"
+        if not download
+        else f"the release is downloaded only into a writable folder without a partial copy, and "
+        f"{other} is not one"
+    )
     raise DatasetNotFoundError(
         f"Tiny-ImageNet: this configuration trains on the full train split, but {missing}; "
         f"{why}. {_how(other)}"
@@ -249,9 +255,6 @@ def _extract(archive: Path, folder: Path) -> None:
         os.replace(unpacked, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------- selecting files
 
 
 def _check_args(split: str, max_per_class: int | None) -> None:
@@ -346,84 +349,6 @@ def _val_files(folder: Path, wnids: list[str], max_per_class: int | None, all_wn
     return files, labels, [ann]
 
 
-# ----------------------------------------------------------------------------- decoding and cache
-
-
-def _decode(path: Path) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            rgb = np.asarray(img.convert("RGB"))
-    except FileNotFoundError:
-        raise DatasetNotFoundError(
-            f"Tiny-ImageNet: {path} is missing (it is listed in val_annotations.txt)"
-        ) from None
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
-        raise DatasetCorruptedError(
-            f"{path} cannot be decoded as a JPEG ({err}); the file is truncated or corrupted"
-        ) from None
-    if rgb.shape != (IMAGE_SIZE, IMAGE_SIZE, 3):
-        raise DatasetCorruptedError(
-            f"{path} is {rgb.shape[1]}x{rgb.shape[0]}, expected {IMAGE_SIZE}x{IMAGE_SIZE}"
-        )
-    return rgb.transpose(2, 0, 1)
-
-
-def _decode_all(files: list[Path], num_workers: int) -> np.ndarray:
-    out = np.empty((len(files), 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
-
-    def one(i: int) -> None:
-        out[i] = _decode(files[i])
-
-    if num_workers > 0 and len(files) > 1:
-        with ThreadPoolExecutor(num_workers) as pool:
-            list(pool.map(one, range(len(files)), chunksize=64))
-    else:
-        for i in range(len(files)):
-            one(i)
-    return out
-
-
-def _cache_file(folder: Path, split: str, wnids: list[str], max_per_class, files, extra) -> Path:
-    h = hashlib.sha1()
-    h.update(
-        json.dumps(
-            [_CACHE_VERSION, str(folder.resolve()), split, wnids, max_per_class], sort_keys=True
-        ).encode()
-    )
-    for path in [*extra, *files]:
-        st = os.stat(path)
-        h.update(f"\n{path.relative_to(folder)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
-    cap = "all" if max_per_class is None else str(max_per_class)
-    return cache_dir() / f"{split}-{len(wnids)}cls-{cap}-{h.hexdigest()[:20]}.npz"
-
-
-def _read_cache(path: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
-    try:
-        with np.load(path) as z:
-            images, labels = z["images"], z["labels"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None
-    if images.shape != (n, 3, IMAGE_SIZE, IMAGE_SIZE) or images.dtype != np.uint8:
-        return None
-    if labels.shape != (n,) or labels.dtype != np.int64:
-        return None
-    return images, labels
-
-
-def _write_cache(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    """Write atomically; give up silently where the cache folder cannot be written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(path.parent, os.W_OK):
-            return
-        with atomic_file(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, images=images, labels=labels)
-    except OSError:
-        pass
-
-
 def _md5_check(folder: Path, paths: list[Path]) -> None:
     sums = folder.parent / "MD5SUMS"
     if not sums.exists():
@@ -440,9 +365,6 @@ def _md5_check(folder: Path, paths: list[Path]) -> None:
                 f"{path} has md5 {md5sum(path)}, not {known[rel]} as {sums} says; the file is "
                 "corrupted or was changed"
             )
-
-
-# ----------------------------------------------------------------------------- loader
 
 
 @dataclass(frozen=True)
@@ -511,166 +433,20 @@ def load_tiny_imagenet(
     cached, path = None, None
     if cache:
         try:
-            path = _cache_file(folder, split, wnids, max_per_class, files, extra)
+            path = cache_file(folder, split, wnids, max_per_class, files, extra)
         except FileNotFoundError:
-            path = None  # a listed val image is missing: _decode_all names it below
+            path = None  # a listed val image is missing: decode_all names it below
         if path is not None and path.exists():
-            cached = _read_cache(path, len(files))
+            cached = read_cache(path, len(files))
     if cached is not None and np.array_equal(cached[1], labels_arr):
         images = cached[0]
     else:
-        images = _decode_all(files, num_workers)
+        images = decode_all(files, num_workers)
         if path is not None:
-            _write_cache(path, images, labels_arr)
+            write_cache(path, images, labels_arr)
     return TinyImageNet(
         images=torch.from_numpy(images),
         labels=torch.from_numpy(labels_arr),
         class_names=read_class_names(folder, wnids),
         wnids=wnids,
     )
-
-
-# ----------------------------------------------------------------------------- augmentation
-
-AUGMENT_PROFILES = ("smoke", "cpu", "gpu")
-
-
-def _to_float(x: Tensor) -> Tensor:
-    """uint8 ``[0, 255]`` -> float32 ``[0, 1]``; floating tensors are taken to be in ``[0, 1]``."""
-    if x.dtype == torch.uint8:
-        return x.float().div_(255.0)
-    if not x.is_floating_point():
-        raise TypeError(f"expected a uint8 or floating tensor, got {x.dtype}")
-    return x
-
-
-def _stats(x: Tensor) -> tuple[Tensor, Tensor]:
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    return mean, std
-
-
-def normalize(x: Tensor) -> Tensor:
-    """uint8 or ``[0, 1]`` float images ``(B, 3, H, W)`` -> ImageNet-normalised floats."""
-    x = _to_float(x)
-    mean, std = _stats(x)
-    return (x - mean) / std
-
-
-def denormalize(x: Tensor) -> Tensor:
-    """Inverse of :func:`normalize`: floats in ``[0, 1]`` (clamped), e.g. for plotting."""
-    mean, std = _stats(x)
-    return (x * std + mean).clamp(0, 1)
-
-
-class TinyImageNetAugment(nn.Module):
-    """Batch-wise training augmentation for ``(B, 3, H, W)`` uint8 or ``[0, 1]`` float images.
-
-    Random resized crop to ``size`` (``scale`` of the area), horizontal flip, and at the ``gpu``
-    profile kornia's RandAugment ``(n, m) = (2, 9)`` (``randaugment`` overrides; ``(0, 0)`` turns it
-    off), then ImageNet normalisation (``normalize=False``: ``[0, 1]`` floats). ``profile=None``
-    uses :func:`modnets.profiles.get_profile`.
-
-    MixUp / CutMix: with ``mixup > 0`` or ``cutmix > 0`` a batch gets MixUp with probability
-    ``mixup``, else CutMix with probability ``cutmix`` (kornia's ``RandomMixUpV2`` with
-    ``lambda_val=mixup_lambda`` / ``RandomCutMixV2``). ``forward(x, y)`` with int labels ``y``
-    returns ``(x, soft_targets)``, soft targets ``(B, num_classes)`` summing to 1 (one-hot when the
-    batch was not mixed), usable with ``F.cross_entropy(logits, soft_targets)``; ``forward(x)``
-    returns the images only (and requires that no mixing is configured).
-
-    Randomness comes from torch's global generator: ``torch.manual_seed`` makes it reproducible.
-    """
-
-    def __init__(
-        self,
-        profile: str | None = None,
-        *,
-        size: int = IMAGE_SIZE,
-        scale: tuple[float, float] = (0.35, 1.0),
-        flip: bool = True,
-        randaugment: tuple[int, int] | None = None,
-        normalize: bool = True,
-        mixup: float = 0.0,
-        cutmix: float = 0.0,
-        mixup_lambda: tuple[float, float] = (0.0, 0.5),
-        num_classes: int | None = None,
-    ):
-        super().__init__()
-        import kornia.augmentation as K
-
-        from modnets.profiles import get_profile
-
-        self.profile = get_profile(profile)
-        if randaugment is None:
-            randaugment = (2, 9) if self.profile == "gpu" else (0, 0)
-        if not (0 <= mixup <= 1 and 0 <= cutmix <= 1 and mixup + cutmix <= 1):
-            raise ValueError(
-                f"mixup={mixup} and cutmix={cutmix} must be probabilities summing to at most 1"
-            )
-        if (mixup or cutmix) and not num_classes:
-            raise ValueError("num_classes is needed for mixup/cutmix soft targets")
-        ops: list[nn.Module] = [K.RandomResizedCrop((size, size), scale=scale)]
-        if flip:
-            ops.append(K.RandomHorizontalFlip())
-        self.geometric = nn.Sequential(*ops)
-        self.randaugment = None
-        if randaugment[0] > 0:
-            from kornia.augmentation.auto import RandAugment
-
-            self.randaugment = RandAugment(n=randaugment[0], m=randaugment[1])
-        self.normalize = normalize
-        self.mixup_p, self.cutmix_p, self.num_classes = float(mixup), float(cutmix), num_classes
-        self.mixup = K.RandomMixUpV2(lambda_val=mixup_lambda, data_keys=["input", "class"])
-        self.cutmix = K.RandomCutMixV2(data_keys=["input", "class"], use_correct_lambda=True)
-
-    def forward(self, x: Tensor, y: Tensor | None = None):
-        if x.ndim != 4 or x.shape[1] != 3:
-            raise ValueError(f"expected images (B, 3, H, W), got shape {tuple(x.shape)}")
-        mixing = self.mixup_p > 0 or self.cutmix_p > 0
-        if mixing and y is None:
-            raise ValueError("mixup/cutmix are configured: call with labels, augment(x, y)")
-        x = self.geometric(_to_float(x))
-        if self.randaugment is not None:
-            x = self.randaugment(x).clamp(0, 1)
-        if self.normalize:
-            mean, std = _stats(x)
-            x = (x - mean) / std
-        if y is None:
-            return x
-        if not self.num_classes:
-            raise ValueError(
-                "num_classes is needed to return soft targets: pass it to the constructor"
-            )
-        soft = self._one_hot(y, x.dtype)
-        if mixing:
-            u = float(torch.rand(()))
-            if u < self.mixup_p:
-                x, mix = self.mixup(x, y)  # mix: (B, 3) = (y, y_paired, weight of y_paired)
-                a, b, lam = mix[:, 0], mix[:, 1], mix[:, 2]
-            elif u < self.mixup_p + self.cutmix_p:
-                x, mix = self.cutmix(x, y)  # mix: (1, B, 3) = (y, y_paired, weight of y)
-                a, b, lam = mix[0, :, 0], mix[0, :, 1], 1 - mix[0, :, 2]
-            else:
-                return x, soft
-            lam = lam.to(x.dtype).unsqueeze(1)
-            soft = (1 - lam) * self._one_hot(a, x.dtype) + lam * self._one_hot(b, x.dtype)
-        return x, soft
-
-    def _one_hot(self, labels: Tensor, dtype: torch.dtype) -> Tensor:
-        return torch.nn.functional.one_hot(labels.long(), self.num_classes).to(dtype)
-
-
-_AUGMENTERS: dict[tuple, TinyImageNetAugment] = {}
-
-
-def train_augment(x: Tensor, profile: str | None = None, y: Tensor | None = None, **kwargs):
-    """Functional :class:`TinyImageNetAugment`: ``train_augment(x, "cpu")`` -> images, or
-    ``train_augment(x, "gpu", y, mixup=0.5, cutmix=0.5, num_classes=20)`` -> (images, soft targets).
-    The module for each distinct set of arguments is built once and reused."""
-    from modnets.profiles import get_profile
-
-    key = (get_profile(profile), tuple(sorted(kwargs.items())))
-    if key not in _AUGMENTERS:
-        _AUGMENTERS[key] = TinyImageNetAugment(key[0], **kwargs)
-    aug = _AUGMENTERS[key]
-    return aug(x) if y is None else aug(x, y)

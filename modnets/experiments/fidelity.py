@@ -1,7 +1,7 @@
 """The public NAC code's Tiny-ImageNet kernel beside modnets' default, on the same seeds.
 
 The public Tiny-ImageNet run truncates the kernel and never samples it, learns one bandwidth per
-kernel and leaves the read-out untruncated (:data:`modnets.nac.KERNEL_REGIMES`); modnets' default
+kernel and leaves the read-out untruncated (:data:`modnets.models.nac.KERNEL_REGIMES`); modnets' default
 also samples, shares one bandwidth and truncates the read-out. Everything else is chapter 10's
 configuration at the profile, so the default's NACs are the chapter's checkpoints. Per seed: top-1,
 top-1 lost with 80 % of the modules dropped least connected first (NAC App. F), and the learned
@@ -25,9 +25,9 @@ from pathlib import Path
 from scipy import stats
 
 from modnets import diagnostics
-from modnets.experiments import harness
 from modnets.experiments import tiny_imagenet as ti
-from modnets.nac import KERNEL_REGIMES
+from modnets.experiments.core import harness
+from modnets.models.nac import KERNEL_REGIMES
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.utils import atomic_file, default_device
 
@@ -69,7 +69,7 @@ def compare(
     out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "regimes": {}}
     for regime in REGIMES:
         config = regime_config(base, regime)
-        train = functools.partial(ti._train_task, config, device, False, None)
+        train = functools.partial(ti.train_task, config, device, False, None)
         tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
         harness.train_ahead(train, tasks, workers, True, f"NACs ({regime})", show_progress)
         rows = []

@@ -1,12 +1,12 @@
 """Baselines: a ViT for Neural Interpreters, Perceiver IO for Neural Attentive Circuits.
 
-:class:`ViT` uses the same tokeniser, CLS tokens and heads as :class:`~modnets.ni.NeuralInterpreter`
-and is built from the same :class:`~modnets.ni.NIConfig`, so an experiment swaps one model for the
+:class:`ViT` uses the same tokeniser, CLS tokens and heads as :class:`~modnets.models.ni.NeuralInterpreter`
+and is built from the same :class:`~modnets.models.ni.NIConfig`, so an experiment swaps one model for the
 other with one argument (:func:`build_model`). This mirrors NI §4.2, which compares against a
 vision transformer {Dosovitskiy et al., 2021} of similar size.
 
 :class:`PerceiverIO` {Jaegle et al., 2022} is NAC's baseline (NAC §4.1, App. B.2): the same
-scaffolding as :class:`~modnets.nac.NeuralAttentiveCircuit` (read-in cross-attention, ``L``
+scaffolding as :class:`~modnets.models.nac.NeuralAttentiveCircuit` (read-in cross-attention, ``L``
 self-attention layers over latents, a decoder query) with plain linear layers, no signatures and
 dense attention. :func:`nac_from_perceiver_io` loads one into a NAC with ``alpha = 0`` and a dense
 kernel, which then computes exactly the same function.
@@ -21,18 +21,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.nn.params import weight_decay_groups
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
-from modnets.training import weight_decay_groups
 from modnets.utils import check_input
 
 __all__ = ["TransformerBlock", "ViT", "PerceiverIO", "require_fields"]
 
-#: What :class:`ViT` reads from its configuration (an :class:`~modnets.ni.NIConfig`).
-VIT_FIELDS = ("dim", "num_heads", "mlp_hidden", "num_scripts", "num_iterations", "num_locs",
-              "num_cls", "num_outputs", "shared_head", "input_kind", "positional")  # fmt: skip
-#: What :class:`PerceiverIO` reads from its configuration (a :class:`~modnets.nac.NACConfig`).
-PIO_FIELDS = ("num_processors", "dim", "input_dim", "read_in_heads", "num_heads", "ffn_hidden",
-              "activation", "num_layers", "share_layers", "num_outputs")  # fmt: skip
+#: What :class:`ViT` reads from its configuration (an :class:`~modnets.models.ni.NIConfig`).
+VIT_FIELDS = (
+    "dim",
+    "num_heads",
+    "mlp_hidden",
+    "num_scripts",
+    "num_iterations",
+    "num_locs",
+    "num_cls",
+    "num_outputs",
+    "shared_head",
+    "input_kind",
+    "positional",
+)
+#: What :class:`PerceiverIO` reads from its configuration (a :class:`~modnets.models.nac.NACConfig`).
+PIO_FIELDS = (
+    "num_processors",
+    "dim",
+    "input_dim",
+    "read_in_heads",
+    "num_heads",
+    "ffn_hidden",
+    "activation",
+    "num_layers",
+    "share_layers",
+    "num_outputs",
+)
 
 
 def require_fields(config: object, fields: tuple[str, ...], who: str) -> None:
@@ -79,12 +100,12 @@ class ViT(ClassTokenModel):
     """Vision-transformer baseline with the NI's tokeniser, CLS tokens and heads.
 
     Args:
-        config: the :class:`~modnets.ni.NIConfig` whose input/output fields, ``dim``,
+        config: the :class:`~modnets.models.ni.NIConfig` whose input/output fields, ``dim``,
             ``num_heads`` and ``mlp_hidden`` are used (any dataclass with :data:`VIT_FIELDS`).
         depth: transformer blocks (default ``num_scripts * num_iterations * num_locs``, the NI's
             number of LOC applications, i.e. the same sequential depth).
 
-    Shapes: as :class:`~modnets.ni.NeuralInterpreter`: ``-> (B, num_cls, num_outputs)``.
+    Shapes: as :class:`~modnets.models.ni.NeuralInterpreter`: ``-> (B, num_cls, num_outputs)``.
     """
 
     def __init__(self, config, depth: int | None = None):
@@ -162,7 +183,7 @@ class _Layer(nn.Module):
 
 class PerceiverIO(nn.Module):
     """Perceiver IO for classification {cite}`jaegle2022perceiverio` built from a
-    :class:`~modnets.nac.NACConfig` (``num_processors`` latents; NAC-only fields are ignored;
+    :class:`~modnets.models.nac.NACConfig` (``num_processors`` latents; NAC-only fields are ignored;
     any dataclass with :data:`PIO_FIELDS` will do).
 
     ``latents + CrossAttn(LN(latents), LN(tokens))``, ``+ MLP``; ``L`` pre-LN self-attention

@@ -1,12 +1,12 @@
 """One argument picks the model an experiment trains: an NI or its ViT baseline from one
-:class:`~modnets.ni.NIConfig` (NI §4.2 compares the two at similar size)."""
+:class:`~modnets.models.ni.NIConfig` (NI §4.2 compares the two at similar size)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from modnets.baselines import ViT
-from modnets.ni import NeuralInterpreter, NIConfig
+from modnets.models.baselines import ViT
+from modnets.models.ni import NeuralInterpreter, NIConfig
 
 __all__ = ["MODELS", "build_model"]
 

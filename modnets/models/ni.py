@@ -15,7 +15,7 @@ Python loop over functions or heads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor, nn
@@ -95,7 +95,6 @@ class NIConfig:
     num_cls: int = 1
     num_outputs: int = 10
     shared_head: bool = False
-    extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.code_dim is None:
@@ -108,10 +107,20 @@ class NIConfig:
 
     def validate(self) -> None:
         for name in (
-            "dim", "code_dim", "type_dim", "type_hidden", "num_functions", "num_scripts",
-            "num_iterations", "num_locs", "num_heads", "mlp_hidden", "mlp_layers", "num_cls",
+            "dim",
+            "code_dim",
+            "type_dim",
+            "type_hidden",
+            "num_functions",
+            "num_scripts",
+            "num_iterations",
+            "num_locs",
+            "num_heads",
+            "mlp_hidden",
+            "mlp_layers",
+            "num_cls",
             "num_outputs",
-        ):  # fmt: skip
+        ):
             positive_int(getattr(self, name), name)
         if self.dim % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
@@ -241,9 +250,16 @@ class FunctionIteration(nn.Module):
         self.type_inference = TypeInference(c.dim, c.type_dim, c.type_hidden)
         self.type_matching = TypeMatching(c.truncation, c.sigma, c.eps, c.straight_through)
         self.interpreter = Interpreter(
-            c.dim, c.code_dim, c.num_locs, c.num_heads, c.mlp_hidden, c.mlp_layers, c.eps,
-            c.residual, c.image_size // c.patch_size if c.positional == "relative" else None,
-        )  # fmt: skip
+            c.dim,
+            c.code_dim,
+            c.num_locs,
+            c.num_heads,
+            c.mlp_hidden,
+            c.mlp_layers,
+            c.eps,
+            c.residual,
+            c.image_size // c.patch_size if c.positional == "relative" else None,
+        )
 
     def forward(
         self, x: Tensor, signatures: Tensor, codes: Tensor, function_mask: Tensor | None = None

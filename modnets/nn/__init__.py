@@ -4,6 +4,7 @@ from modnets.nn.loc import LOC
 from modnets.nn.modattn import ModAttn
 from modnets.nn.modulated import ModFC, ModFFN, ModLin, ModMLP, modffn_parameter_count
 from modnets.nn.relpos import RelativePosition2d
+from modnets.nn.residual import LayerScale, code_noise, drop_path
 from modnets.nn.skmdpa import SKMDPA
 from modnets.nn.tokens import (
     ClassTokenModel,
@@ -27,6 +28,9 @@ __all__ = [
     "random_signatures",
     "ModAttn",
     "RelativePosition2d",
+    "LayerScale",
+    "drop_path",
+    "code_noise",
     "LOC",
     "SKMDPA",
     "PatchEmbedding",

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.nn.config import fused_attn
 from modnets.nn.modulated import ModLin, streams_linear
 
 __all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
@@ -90,7 +91,9 @@ class ModAttn(nn.Module):
         eps: ``epsilon`` of the renormalisation (NI eq. 7).
         fused: ``True``: the forward pass through ``F.scaled_dot_product_attention``;
             ``False``: through :meth:`attention_weights` (the readable NI eq. 7, ``(B, U, H, T, T)``
-            in memory); ``None`` (default): whichever is faster here (see the module's docstring).
+            in memory); ``None`` (default): the library's switch
+            (:func:`modnets.nn.config.set_fused_attn`), which by default picks whichever is
+            faster here (see the module's docstring).
 
     Shapes:
         x ``(B, U, T, d)`` (token ``i`` as seen by function ``u``), codes ``(U, d_code)``,
@@ -113,11 +116,16 @@ class ModAttn(nn.Module):
         self.head_dim = dim // num_heads
         if fused not in (True, False, None):
             raise TypeError(f"fused must be True, False or None, got {fused!r}")
-        self.eps, self.fused = eps, fused
+        self.eps, self._fused = eps, fused
         self.query = ModLin(dim, dim, code_dim)
         self.key = ModLin(dim, dim, code_dim)
         self.value = ModLin(dim, dim, code_dim)
         self.out = ModLin(dim, dim, code_dim)
+
+    @property
+    def fused(self) -> bool | None:
+        """The path this ModAttn was built with (``None``: the library's switch decides)."""
+        return self._fused
 
     def _heads(self, t: Tensor) -> Tensor:
         B, U, T, _ = t.shape
@@ -162,7 +170,7 @@ class ModAttn(nn.Module):
         if bias is not None and bias.shape not in ((U, H, T, T), (1, H, T, T)):
             raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")
         c = codes[:, None, :]
-        fused = self.fused
+        fused = fused_attn() if self._fused is None else self._fused
         if fused is None:  # the faster path here (see the module's docstring)
             fused = x.device.type == "cuda" or T >= FUSED_MIN_TOKENS
             fused = fused and not torch.compiler.is_compiling()

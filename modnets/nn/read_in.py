@@ -49,8 +49,16 @@ class ReadIn(nn.Module):
     per sample ``(B, U, d_code)`` -> new states ``(B, U, d)``.
     """
 
-    def __init__(self, dim: int, input_dim: int, code_dim: int, num_heads: int = 1,
-                 ffn_hidden: int | None = None, activation: str = "gelu", alpha: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        input_dim: int,
+        code_dim: int,
+        num_heads: int = 1,
+        ffn_hidden: int | None = None,
+        activation: str = "gelu",
+        alpha: float = 0.1,
+    ):
         super().__init__()
         if num_heads <= 0 or dim % num_heads:
             raise ValueError(f"num_heads must be positive and divide dim={dim}, got {num_heads}")

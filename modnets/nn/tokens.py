@@ -1,7 +1,7 @@
 """Turning inputs into a set of tokens, and CLS tokens into predictions.
 
 Shared by the Neural Interpreter and its ViT baseline so that an experiment swaps one model for the
-other with one argument. Both are built from one configuration (an :class:`~modnets.ni.NIConfig`);
+other with one argument. Both are built from one configuration (an :class:`~modnets.models.ni.NIConfig`);
 the pieces here read only the fields they name, so this module depends on no model.
 """
 
@@ -28,8 +28,9 @@ class PatchEmbedding(nn.Module):
     Shapes: images ``(B, C, H, W)`` with ``H = W = image_size`` -> tokens ``(B, (H/p)^2, dim)``.
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int,
-                 positions: bool = True):  # fmt: skip
+    def __init__(
+        self, image_size: int, patch_size: int, in_channels: int, dim: int, positions: bool = True
+    ):
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"patch_size={patch_size} must divide image_size={image_size} exactly")
@@ -68,8 +69,14 @@ class ConvTokenizer(nn.Module):
     Shapes: images ``(B, in_channels, S, S)`` -> tokens ``(B, (S/8)^2, out_channels + pos_dim)``.
     """
 
-    def __init__(self, image_size: int = 64, in_channels: int = 3, hidden_channels: int = 96,
-                 out_channels: int = 192, pos_dim: int = 64):  # fmt: skip
+    def __init__(
+        self,
+        image_size: int = 64,
+        in_channels: int = 3,
+        hidden_channels: int = 96,
+        out_channels: int = 192,
+        pos_dim: int = 64,
+    ):
         super().__init__()
         if image_size % 8:
             raise ValueError(f"image_size must be a multiple of 8, got {image_size}")
@@ -162,16 +169,21 @@ class Heads(nn.Module):
 
 def make_tokenizer(config) -> nn.Module:
     """Patch embedding for images, per-element embedding for vectors, from a configuration's
-    ``input_kind``, ``dim`` and input fields (an :class:`~modnets.ni.NIConfig`)."""
+    ``input_kind``, ``dim`` and input fields (an :class:`~modnets.models.ni.NIConfig`)."""
     if config.input_kind == "image":
-        return PatchEmbedding(config.image_size, config.patch_size, config.in_channels, config.dim,
-                              positions=config.positional == "absolute")  # fmt: skip
+        return PatchEmbedding(
+            config.image_size,
+            config.patch_size,
+            config.in_channels,
+            config.dim,
+            positions=config.positional == "absolute",
+        )
     return ElementEmbedding(config.num_elements, config.element_features, config.dim)
 
 
 class ClassTokenModel(nn.Module):
-    """CLS-token surgery shared by :class:`~modnets.ni.NeuralInterpreter` and
-    :class:`~modnets.baselines.ViT`: a model with ``config`` (``num_cls``, ``num_outputs``,
+    """CLS-token surgery shared by :class:`~modnets.models.ni.NeuralInterpreter` and
+    :class:`~modnets.models.baselines.ViT`: a model with ``config`` (``num_cls``, ``num_outputs``,
     ``dim``, ``shared_head`` and a ``replace`` method), ``cls`` and ``heads``."""
 
     cls: ClassTokens

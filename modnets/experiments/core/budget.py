@@ -17,7 +17,7 @@ the CPU from the experiment's own :func:`dry_run`:
   and at least :data:`MIN_STEP_SECONDS` a step: assumptions, to be replaced by measured numbers
   once a GPU has run the profile (``book/setup.md``).
 
-``python -m modnets.experiments.budget`` prints the table for every experiment (``--markdown``
+``python -m modnets.experiments.core.budget`` prints the table for every experiment (``--markdown``
 for ``book/setup.md``).
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from modnets.experiments import harness
+from modnets.experiments.core import fingerprints, harness
 from modnets.timing import saved_bytes
 
 __all__ = [
@@ -139,7 +139,7 @@ def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimat
     ``config``, a configuration of that experiment)."""
     module = harness.import_experiment(experiment)
     config = module.CONFIGS[profile] if config is None else config
-    key = f"{experiment}:{json.dumps(harness._plain(config), sort_keys=True)}"
+    key = f"{experiment}:{json.dumps(fingerprints.plain(config), sort_keys=True)}"
     if key not in _ESTIMATES:
         _ESTIMATES[key] = tuple(_estimates(experiment, module, config))
     return list(_ESTIMATES[key])
@@ -152,8 +152,17 @@ def _estimates(experiment: str, module, config) -> list[Estimate]:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
         act, flops = _measure(part)
         scale = part.batch_size / part.samples
-        out.append(Estimate(experiment, part.name, sum(p.numel() for p in part.model.parameters()),
-                            part.batch_size, part.steps, act * scale, flops * scale))  # fmt: skip
+        out.append(
+            Estimate(
+                experiment,
+                part.name,
+                sum(p.numel() for p in part.model.parameters()),
+                part.batch_size,
+                part.steps,
+                act * scale,
+                flops * scale,
+            )
+        )
     return out
 
 
@@ -208,8 +217,14 @@ def table(estimates: list[Estimate], markdown: bool = False) -> str:
         head.append(f"{gpu.name}: fits / one run")
     rows = []
     for e in estimates:
-        row = [e.experiment, e.model, f"{e.parameters:,}", str(e.batch_size),
-               _gib(e.peak_bytes()), f"{e.flops_per_step / 1e9:,.1f}"]  # fmt: skip
+        row = [
+            e.experiment,
+            e.model,
+            f"{e.parameters:,}",
+            str(e.batch_size),
+            _gib(e.peak_bytes()),
+            f"{e.flops_per_step / 1e9:,.1f}",
+        ]
         for gpu in GPUS:
             a = e.accumulation(gpu)
             fit = "no" if a is None else ("fits" if a == 1 else f"x{a} accumulation")

@@ -1,6 +1,6 @@
 """Claims as code: every verdict in the book is computed here, from a rule declared in advance.
 
-A rule (:class:`modnets.experiments.rules.Rule`) says what is tested: a quantity, measured once
+A rule (:class:`modnets.experiments.core.rules.Rule`) says what is tested: a quantity, measured once
 per seed, against a threshold, in a direction (``>``, ``<``), or signed within a margin
 (``equivalent``). Rules of kind ``"paper"`` quote a claim of a paper with its own number
 (``paper_effect``, in the units of the tested quantity); rules of kind ``"ours"`` are questions of
@@ -33,8 +33,8 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from modnets.experiments.harness import seed_stats
-from modnets.experiments.rules import RULES, Rule
+from modnets.experiments.core.rules import RULES, Rule
+from modnets.experiments.core.stats import seed_stats
 
 __all__ = [
     "VERDICTS",
@@ -199,7 +199,7 @@ def _ours(values: Sequence[float], rule: Rule) -> str:
 def test(
     rule_id: str, values: Sequence[float], ours: str | None = None, rules: dict | None = None
 ) -> Claim:
-    """The claim of rule ``rule_id`` (from :data:`~modnets.experiments.rules.RULES`, or
+    """The claim of rule ``rule_id`` (from :data:`~modnets.experiments.core.rules.RULES`, or
     ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
     summary (e.g. to show both sides of a comparison)."""
     rule = (RULES if rules is None else rules)[rule_id]

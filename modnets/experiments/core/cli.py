@@ -1,6 +1,6 @@
 """The command line shared by every experiment: ``python -m modnets.experiments.<name>``.
 
-``--profile``, ``--out`` (JSON results in the schema of :mod:`modnets.experiments.harness`),
+``--profile``, ``--out`` (JSON results in the schema of :mod:`modnets.experiments.core.harness`),
 ``--no-cache`` (retrain even if a checkpoint exists), ``--quiet`` and ``--resume`` (continue
 interrupted training). Under ``torchrun`` each process joins the process group and trains
 data-parallel; only rank 0 prints and writes. Ctrl-C saves the training state and exits with a
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modnets import distributed
-from modnets.experiments.results import save_results
+from modnets.experiments.core.results import save_results
 from modnets.profiles import PROFILES
 from modnets.training import checkpoint_dir
 

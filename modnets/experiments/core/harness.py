@@ -15,34 +15,32 @@ evaluation, analyses, its ``PAPER`` table and ``claims``); this module does the 
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import hashlib
 import importlib
 import importlib.util
-import inspect
 import json
 import math
-import os
 import platform
-import sys
-import textwrap
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
-import numpy as np
 import torch
-from scipy import stats
 from torch import nn
 
 from modnets import distributed, parallel
+from modnets.experiments.core.fingerprints import (
+    checkpoint_key,
+    code_fingerprint,
+    data_fingerprint,
+    plain,
+)
+from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.training import CheckpointError, checkpoint_dir, save_checkpoint
 from modnets.utils import seed_everything
 
+#: The keys of every experiment's results, in this order.
 __all__ = [
     "SCHEMA",
     "code_fingerprint",
@@ -61,7 +59,6 @@ __all__ = [
     "dry_run",
 ]
 
-#: The keys of every experiment's results, in this order.
 SCHEMA = (
     "experiment",
     "profile",
@@ -76,188 +73,6 @@ SCHEMA = (
 )
 
 CHECKPOINT_FORMAT = "modnets-model-v2"
-
-
-# ----------------------------------------------------------------------------- fingerprints
-
-
-@functools.cache
-def _module_closure(name: str) -> tuple[str, ...]:
-    """``name`` and every ``modnets`` module it imports, transitively (read from the source, so
-    nothing is executed), sorted."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        mod = todo.pop()
-        if mod in seen:
-            continue
-        try:
-            spec = importlib.util.find_spec(mod)
-        except (ModuleNotFoundError, ValueError):  # "from modnets.x import SomeClass"
-            continue
-        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-            continue
-        seen.add(mod)
-        tree = ast.parse(Path(spec.origin).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names if a.name.startswith("modnets")]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if node.module.startswith("modnets"):
-                    # "from modnets import distributed" imports a submodule, not the package's
-                    # __init__ (which imports every architecture); "from modnets.ni import X"
-                    # imports the module itself
-                    subs = [f"{node.module}.{a.name}" for a in node.names]
-                    found = [m for m in subs if _is_module(m)]
-                    todo += found
-                    if len(found) < len(subs):
-                        todo.append(node.module)
-    return tuple(sorted(seen))
-
-
-def _is_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ModuleNotFoundError, ValueError):
-        return False
-
-
-def _referenced(fn: Callable) -> list[Callable]:
-    """The functions and classes of ``fn``'s own module that ``fn`` names (transitively), so
-    that a helper a training step calls is hashed with it."""
-    module = inspect.getmodule(fn)
-    out, todo, seen = [], [fn], set()
-    while todo:
-        f = todo.pop()
-        if id(f) in seen:
-            continue
-        seen.add(id(f))
-        out.append(f)
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(f)))
-        except (OSError, TypeError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name):
-                obj = getattr(module, node.id, None)
-                if (inspect.isfunction(obj) or inspect.isclass(obj)) and inspect.getmodule(
-                    obj
-                ) is module:
-                    todo.append(obj)
-    return out
-
-
-def _import_name(obj: Callable) -> str:
-    """The name ``obj``'s module is imported by, also where it runs as ``python -m`` (there its
-    ``__module__`` is ``"__main__"``): the CLI and the library then share checkpoints."""
-    name = obj.__module__
-    if name == "__main__":
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        name = name if spec is None else spec.name
-    return name
-
-
-def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
-    """A hash of the library code a trained model depends on.
-
-    Each part is a module (or its dotted name), hashed with every ``modnets`` module it imports,
-    or a function or class, hashed by its own source and that of every function or class of its
-    module it names, transitively (an experiment's model builder and training step with their
-    helpers, without the rest of the module, so that a change to an analysis retrains nothing).
-    """
-    h = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, str | ModuleType):
-            name = part if isinstance(part, str) else part.__name__
-            for mod in _module_closure(name):
-                origin = importlib.util.find_spec(mod).origin
-                h.update(mod.encode() + b"\0" + Path(origin).read_bytes() + b"\0")
-        elif callable(part):
-            for f in _referenced(part):
-                h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
-                h.update(inspect.getsource(f).encode() + b"\0")
-        else:
-            raise TypeError(
-                f"code parts must be modules, module names or functions, got {type(part).__name__}"
-            )
-    return h.hexdigest()[:16]
-
-
-def data_fingerprint(*paths: str | os.PathLike) -> str:
-    """A hash of the data files read: each file's path (relative to what was given) and size;
-    a folder stands for every file below it. A missing path hashes as missing, so a checkpoint
-    trained on a subset is not reused once more files (a full download) are there."""
-    h = hashlib.sha256()
-    for p in paths:
-        p = Path(p)
-        h.update(str(p.name).encode() + b"\0")
-        if p.is_file():
-            h.update(str(p.stat().st_size).encode())
-        elif p.is_dir():
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                for f in sorted(files):
-                    full = Path(root) / f
-                    h.update(f"{full.relative_to(p)}:{full.stat().st_size}\n".encode())
-        else:
-            h.update(b"<missing>")
-    return h.hexdigest()[:16]
-
-
-def _plain(obj, for_key: bool = False):
-    """A configuration as plain JSON types (dataclasses, tuples, paths). ``for_key`` leaves out
-    the dataclass fields marked ``metadata={"key": False}`` (they do not change the weights)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {
-            f.name: _plain(getattr(obj, f.name), for_key)
-            for f in dataclasses.fields(obj)
-            if not (for_key and f.metadata.get("key", True) is False)
-        }
-    if isinstance(obj, dict):
-        return {str(k): _plain(v, for_key) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v, for_key) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def _config_classes(obj) -> list[type]:
-    """The dataclass types inside a configuration (their methods, e.g. ``model_config``, decide
-    the model as much as their fields do)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = [type(obj)]
-        for f in dataclasses.fields(obj):
-            out += _config_classes(getattr(obj, f.name))
-        return out
-    if isinstance(obj, dict | list | tuple):
-        return [
-            c for v in (obj.values() if isinstance(obj, dict) else obj) for c in _config_classes(v)
-        ]
-    return []
-
-
-def checkpoint_key(name: str, train_config, seed: int, data: str, code: str) -> str:
-    """The checkpoint key: a hash of ``name``, the whole training configuration (its values and
-    the source of its dataclasses), the seed and the data and code fingerprints."""
-    classes = sorted({c for c in _config_classes(train_config)}, key=lambda c: c.__qualname__)
-    sources = [inspect.getsource(c) for c in classes]
-    blob = json.dumps(
-        {
-            "name": name,
-            "train": _plain(train_config, for_key=True),
-            "seed": seed,
-            "data": data,
-            "code": code,
-            "config_code": sources,
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-# ----------------------------------------------------------------------------- load or train
 
 
 def load_or_train(
@@ -365,49 +180,6 @@ def train_ahead(
         parallel.map_tasks(train, tasks, workers, desc, show_progress)
 
 
-# ----------------------------------------------------------------------------- seeds
-
-
-def seed_stats(values: Iterable[float], confidence: float = 0.95) -> dict:
-    """``{"mean", "sd", "n", "ci", "values"}`` over seeds: ``sd`` with one degree of freedom
-    removed, ``ci`` the ``confidence`` t-interval of the mean (``scipy.stats.t``; ``None`` with
-    fewer than two values)."""
-    v = np.asarray([float(x) for x in values], dtype=float)
-    if v.size == 0:
-        raise ValueError("seed_stats needs at least one value")
-    mean = float(v.mean())
-    sd = float(v.std(ddof=1)) if v.size > 1 else 0.0
-    ci = None
-    if v.size > 1:
-        if sd == 0.0:
-            ci = [mean, mean]
-        else:
-            lo, hi = stats.t.interval(
-                confidence, v.size - 1, loc=mean, scale=sd / math.sqrt(v.size)
-            )
-            ci = [float(lo), float(hi)]
-    return {"mean": mean, "sd": sd, "n": int(v.size), "ci": ci, "values": v.tolist()}
-
-
-def per_seed(runs: Sequence[dict], *path) -> list:
-    """``[run[path[0]][path[1]]... for run in runs]``: one value per seed."""
-    out = []
-    for r in runs:
-        for p in path:
-            r = r[p]
-        out.append(r)
-    return out
-
-
-def fmt(s: dict, scale: float = 1.0, digits: int = 3, n: bool = True) -> str:
-    """``"mean ± sd (n=seeds)"`` of a :func:`seed_stats` dict (``n=False``: without the count)."""
-    out = f"{scale * s['mean']:.{digits}f} ± {scale * s['sd']:.{digits}f}"
-    return f"{out} (n={s['n']})" if n else out
-
-
-# ----------------------------------------------------------------------------- results
-
-
 def provenance(start: float, code: Sequence = ()) -> dict:
     """Where and how the results were made: code fingerprint, versions, device, wall time."""
     device = distributed.local_device() if distributed.is_distributed() else None
@@ -450,12 +222,12 @@ def results_dict(
     out = {
         "experiment": experiment,
         "profile": profile,
-        "config": _plain(config),
+        "config": plain(config),
         "seeds": list(seeds),
         "selection_seeds": list(selection_seeds),
-        "regime": _plain(regime if regime is not None else {}),
-        "models": _plain(models),
-        "diagnostics": _plain(diagnostics),
+        "regime": plain(regime if regime is not None else {}),
+        "models": plain(models),
+        "diagnostics": plain(diagnostics),
         "claims": claims,
         "provenance": provenance,
     }
@@ -481,7 +253,7 @@ def check_results(results: dict) -> None:
     """Raise ``ValueError`` unless ``results`` has exactly the keys of :data:`SCHEMA`, plain JSON
     values (no models or tensors), claims with every field, disjoint claim and selection seeds
     and a ``regime``."""
-    from modnets.experiments.claims import CLAIM_FIELDS, VERDICTS
+    from modnets.experiments.core.claims import CLAIM_FIELDS, VERDICTS
 
     if not isinstance(results, dict) or tuple(results) != SCHEMA:
         got = tuple(results) if isinstance(results, dict) else type(results).__name__
@@ -525,9 +297,6 @@ def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
 def import_experiment(name: str) -> ModuleType:
     """``modnets.experiments.<name>``."""
     return importlib.import_module(f"modnets.experiments.{name}")
-
-
-# ----------------------------------------------------------------------------- the gpu dry run
 
 
 @dataclasses.dataclass

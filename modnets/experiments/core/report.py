@@ -1,6 +1,6 @@
 """Claims as a reader sees them: tables, sentences and forest plots (chapters 5, 6, 10, 11, 13).
 
-Nothing here decides anything: verdicts come from :mod:`modnets.experiments.claims`, read from
+Nothing here decides anything: verdicts come from :mod:`modnets.experiments.core.claims`, read from
 the experiments' results files.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from modnets.experiments.claims import VERDICTS, holm
+from modnets.experiments.core.claims import VERDICTS, holm
 
 __all__ = [
     "PAPERS",
@@ -155,7 +155,7 @@ def regime_sentence(results: dict) -> str:
 def paper_scale_command(experiment: str) -> str:
     """The command that runs ``experiment`` at the papers' settings (its module may name one in
     ``GPU_COMMAND``, e.g. with ``torchrun``)."""
-    from modnets.experiments.harness import import_experiment
+    from modnets.experiments.core.harness import import_experiment
 
     default = f"python -m modnets.experiments.{experiment} --profile gpu"
     return getattr(import_experiment(experiment), "GPU_COMMAND", default)
@@ -165,8 +165,8 @@ def load_claims(experiments, profile: str, folder="_build/results") -> tuple[lis
     """``(claims, results_by_experiment, missing)``: every claim of ``experiments`` read from
     their results files (``<folder>/<experiment>_<profile>.json``), with Holm's correction
     recomputed over all their paper claims (one family)."""
-    from modnets.experiments.claims import Claim
-    from modnets.experiments.results import load_results, results_path
+    from modnets.experiments.core.claims import Claim
+    from modnets.experiments.core.results import load_results, results_path
 
     claims, results, missing = [], {}, []
     for name in experiments:
@@ -313,7 +313,7 @@ def rule_log_table():
     """The rule-change log as a ``pandas.DataFrame`` (newest last)."""
     import pandas as pd
 
-    from modnets.experiments.rules import rule_log
+    from modnets.experiments.core.rules import rule_log
 
     rows = [
         {

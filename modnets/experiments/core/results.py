@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from modnets.experiments.harness import check_results
+from modnets.experiments.core.harness import check_results
 from modnets.utils import atomic_file
 
 __all__ = ["save_results", "load_results", "results_path"]

@@ -3,7 +3,7 @@
 A :class:`Rule` names the claim (a paper's, quoted with its source and its own number, or one of
 ours), the quantity measured once per seed, the test (``>``, ``<`` a threshold, or
 ``equivalent`` within a margin) and ``paper_effect``: the paper's value of that quantity, where
-the paper gives one (``basis`` says how it was read). :mod:`modnets.experiments.claims` applies
+the paper gives one (``basis`` says how it was read). :mod:`modnets.experiments.core.claims` applies
 the rules; the experiments only measure.
 
 Rules are pinned: ``tests/test_rules.py`` checks each rule's :meth:`Rule.fingerprint` against
@@ -14,56 +14,23 @@ whether results had been seen.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Rule", "RULES", "EXPERIMENT_RULES", "LOG_PATH", "rule_log", "rules_of", "unlogged"]
+from modnets.experiments.core.rule import TESTS, Rule
 
-TESTS = ("<", ">", "equivalent")
+__all__ = [
+    "Rule",
+    "TESTS",
+    "RULES",
+    "EXPERIMENT_RULES",
+    "LOG_PATH",
+    "rule_log",
+    "rules_of",
+    "unlogged",
+]
+
 LOG_PATH = Path(__file__).with_name("rule_log.json")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One pre-declared test. ``threshold`` is the margin of an ``equivalent`` test (the
-    quantity must lie within ``±threshold``); ``scale``, ``digits`` and ``unit`` only format."""
-
-    id: str
-    experiment: str
-    kind: str  # "paper": a claim the paper makes; "ours": a question of this book
-    text: str
-    source: str
-    paper: str  # the paper's words and number, as shown beside ours
-    quantity: str
-    test: str
-    threshold: float
-    paper_effect: float | None = None
-    basis: str = ""  # how paper_effect was read ("NI Table 1", "read from a figure: ...")
-    scale: float = 1.0
-    digits: int = 3
-    unit: str = ""
-
-    def __post_init__(self):
-        if self.test not in TESTS:
-            raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
-        if self.kind not in ("paper", "ours"):
-            raise ValueError(f"kind must be 'paper' or 'ours', got {self.kind!r}")
-        if self.kind == "paper" and not self.basis:
-            raise ValueError(f"rule {self.id!r}: a paper rule must say how its effect was read")
-
-    def describe(self) -> str:
-        """The rule in one line, e.g. ``"type − cls R² > 0.000"``."""
-        t = f"{self.scale * self.threshold:.{self.digits}f}{self.unit}"
-        if self.test == "equivalent":
-            return f"{self.quantity} within ±{t} (TOST)"
-        return f"{self.quantity} {self.test} {t}"
-
-    def fingerprint(self) -> str:
-        """A hash of every field: what the rule-change log pins."""
-        text = json.dumps(asdict(self), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _pct(**kw) -> dict:

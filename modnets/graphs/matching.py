@@ -1,85 +1,12 @@
-"""Graph priors for Neural Attentive Circuits (NAC §2.2, App. A, NAC eqs. 6-9).
-
-A *graphon* ``W: [0, 1]^2 -> [0, 1]`` describes a family of random graphs; sampled on the canonical
-grid ``r_u = u / (U - 1)`` it gives the prior link-probability matrix ``P0_ij = W(r_i, r_j)`` (NAC eq. 7).
-:class:`GraphPriorRegularizer` pulls NAC's link probabilities ``P`` (NAC eq. 2) towards ``P0`` up to a
-relabelling of the modules (NAC eq. 6). The relabelling is a quadratic assignment problem; NAC
-approximates it with the Hungarian method on the row cost of NAC eq. 9 (:func:`hungarian_permutation`),
-which depends on how the modules are numbered. The regulariser uses :func:`match_permutation` by
-default, which does not, and finds better relabellings; ``matching="eq9"`` selects NAC eq. 9.
-"""
+"""Matching a circuit's link probabilities to a prior (NAC eq. 9): the relabelling of the modules
+that makes NAC eq. 6 smallest, by one linear assignment or a refining search."""
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
-from torch import Tensor, nn
-
-__all__ = [
-    "GRAPHONS",
-    "graphon",
-    "to_networkx",
-    "hungarian_permutation",
-    "match_permutation",
-    "GraphPriorRegularizer",
-]
-
-GRAPHONS = ("erdos_renyi", "planted_partition", "ring_of_cliques", "scale_free")
-
-
-def _grid(num_nodes: int) -> Tensor:
-    return torch.linspace(0.0, 1.0, num_nodes, dtype=torch.float64)
-
-
-def _blocks(num_nodes: int, num_blocks: int) -> Tensor:
-    return (_grid(num_nodes) * num_blocks).floor().clamp(max=num_blocks - 1).long()
-
-
-def graphon(name: str, num_nodes: int, **params) -> Tensor:
-    """The graphon ``name`` sampled on the grid (NAC eq. 7): a symmetric ``(U, U)`` matrix in [0, 1].
-
-    * ``erdos_renyi(p=0.1)``: every pair linked with probability ``p``.
-    * ``planted_partition(num_blocks=4, p_in=0.9, p_out=0.02)``: a stochastic block model with
-      equal blocks of consecutive nodes.
-    * ``ring_of_cliques(num_cliques=8, p_in=1.0, p_ring=0.05)``: dense cliques, each linked to its
-      two neighbours on a ring.
-    * ``scale_free(beta=0.5)``: NAC eq. 8, ``U^beta / 16 (i + 1)^-beta (j + 1)^-beta`` clipped to 1. We
-      read the ``r_i`` of NAC eq. 8 as the node *index* ``i``: on the unit grid ``(r + 1)^-beta`` varies
-      only by a factor ``2^beta`` and no hubs appear, while index weights are the Chung-Lu weights of a
-      graph with power-law degrees. The ``U^beta`` factor keeps the hub's expected degree near
-      ``U / (16 (1 - beta))`` (``U / 8`` at ``beta = 0.5``); the density falls like ``U^-beta``.
-    """
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 2:
-        raise ValueError(f"num_nodes must be an int >= 2, got {num_nodes!r}")
-    U = num_nodes
-    if name == "erdos_renyi":
-        W = torch.full((U, U), float(params.get("p", 0.1)), dtype=torch.float64)
-    elif name == "planted_partition":
-        b = _blocks(U, int(params.get("num_blocks", 4)))
-        same = b[:, None] == b[None, :]
-        W = torch.where(same, float(params.get("p_in", 0.9)), float(params.get("p_out", 0.02)))
-    elif name == "ring_of_cliques":
-        n = int(params.get("num_cliques", 8))
-        b = _blocks(U, n)
-        gap = (b[:, None] - b[None, :]).abs()
-        ring = (gap == 1) | (gap == n - 1)
-        W = torch.where(b[:, None] == b[None, :], float(params.get("p_in", 1.0)), 0.0)
-        W = torch.where(ring, float(params.get("p_ring", 0.05)), W).to(torch.float64)
-    elif name == "scale_free":
-        beta = float(params.get("beta", 0.5))
-        w = (torch.arange(U, dtype=torch.float64) + 1) ** (-beta)
-        W = (U**beta / 16) * w[:, None] * w[None, :]
-    else:
-        raise ValueError(f"name must be one of {GRAPHONS}, got {name!r}")
-    return W.clamp(0.0, 1.0).to(torch.float32)
-
-
-def to_networkx(P: Tensor, threshold: float = 0.5) -> nx.Graph:
-    """An undirected graph with an edge wherever ``P_ij > threshold`` (``i != j``)."""
-    A = (P.detach().cpu().numpy() > threshold) & ~np.eye(P.shape[0], dtype=bool)
-    return nx.from_numpy_array(A.astype(int))
+from torch import Tensor
 
 
 def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Tensor:
@@ -111,27 +38,27 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
     return sigma
 
 
-# ----------------------------------------------------------------------------- matching (NAC eq. 6)
-
 DEFAULT_REFINE_STEPS = 10
+
 MATCHINGS = ("search", "eq9")  # see GraphPriorRegularizer
-REDUCTIONS = ("eq6", "public")
+
 # Up to this many nodes, the sort steps for a Chung-Lu-like prior are followed by exact linear steps
 # (dense assignments): beyond 64 nodes their cost grows fast on the near rank-one gradients of
 # such a prior, and they lower the loss by under 1 %.
 _DENSE_LSA_MAX_NODES = 64
+
 # The class-ordering QAP (greedy growth from several starts, then exchanges) runs for up to this
 # many classes; its cost grows like classes^3 per start.
 _ORDER_MAX_CLASSES = 64
 
 
-def _check_square(name: str, M) -> None:
+def check_square(name: str, M) -> None:
     if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1] or M.shape[0] < 2:
         shape = tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__
         raise ValueError(f"{name} must be a square (U, U) matrix with U >= 2, got {shape}")
 
 
-def _check_refine_steps(refine_steps) -> int:
+def check_refine_steps(refine_steps) -> int:
     if isinstance(refine_steps, bool) or not isinstance(refine_steps, int) or refine_steps < 0:
         raise ValueError(f"refine_steps must be an int >= 0, got {refine_steps!r}")
     return refine_steps
@@ -258,7 +185,7 @@ def _polish(S: np.ndarray, Bb: np.ndarray, p: np.ndarray, allowed: np.ndarray) -
     return p
 
 
-class _PriorMatcher:
+class PriorMatcher:
     """The relabelling search of NAC eq. 6 for one prior; everything that depends only on the prior is
     computed once, here. See :func:`match_permutation` for the algorithm."""
 
@@ -473,7 +400,9 @@ class _PriorMatcher:
         return sigma
 
 
-def _match(P: Tensor, matcher: _PriorMatcher, refine_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def best_match(
+    P: Tensor, matcher: PriorMatcher, refine_steps: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(order, sigma_c)``: the canonical order of ``P`` and the relabelling of
     ``P[order][:, order]``."""
     A = _symmetric_off_diagonal(P)
@@ -526,83 +455,13 @@ def match_permutation(P: Tensor, prior: Tensor, refine_steps: int = DEFAULT_REFI
     (``beta = 1``) with more than 64 modules the sort steps leave up to 1 % of the loss that exact
     linear steps would find (too slow there to run every step).
     """
-    _check_square("P", P)
-    _check_square("prior", prior)
+    check_square("P", P)
+    check_square("prior", prior)
     if P.shape != prior.shape:
         raise ValueError(
             f"P must have the prior's shape {tuple(prior.shape)}, got {tuple(P.shape)}"
         )
-    order, sigma_c = _match(P, _PriorMatcher(prior), _check_refine_steps(refine_steps))
+    order, sigma_c = best_match(P, PriorMatcher(prior), check_refine_steps(refine_steps))
     sigma = np.empty_like(sigma_c)
     sigma[order] = sigma_c
     return torch.as_tensor(sigma)
-
-
-class GraphPriorRegularizer(nn.Module):
-    """``L = sum_{i != j} (P_ij - P0_{sigma(i) sigma(j)})^2`` (NAC eq. 6), ``sigma`` from
-    :func:`match_permutation` (see there for the algorithm, its accuracy and its cost).
-
-    The permutation is not differentiated; ``P`` is. The loss is computed on ``P`` in its
-    canonical order, so relabelling the modules leaves it unchanged (bitwise, for ``P`` without
-    exactly tied rows). What depends only on the prior is computed on the first call and kept.
-    The priors of :func:`graphon` are symmetric; of a non-symmetric ``P`` or prior the search
-    sees the symmetric part (exact for NAC eq. 6 when either matrix is symmetric).
-    ``refine_steps`` bounds each stage of the search (default 10; 0 keeps only the first
-    assignment and the class ordering). The search runs on the CPU, whatever ``P``'s device.
-
-    ``matching="eq9"``: ``sigma`` is NAC eq. 9's one linear assignment
-    (:func:`hungarian_permutation`), as the paper and the public code compute it; it depends on
-    how the modules are numbered. ``reduction="public"``: the mean over all ``U^2`` pairs,
-    diagonal included (the public code's ``F.mse_loss``), instead of NAC eq. 6's sum over
-    ``i != j``.
-    """
-
-    def __init__(
-        self,
-        prior: Tensor,
-        refine_steps: int = DEFAULT_REFINE_STEPS,
-        matching: str = "search",
-        reduction: str = "eq6",
-    ):
-        super().__init__()
-        _check_square("prior", prior)
-        if not torch.isfinite(prior).all():
-            raise ValueError("prior must be finite")
-        if matching not in MATCHINGS:
-            raise ValueError(f"matching must be one of {MATCHINGS}, got {matching!r}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.register_buffer("prior", prior.float())
-        self.refine_steps = _check_refine_steps(refine_steps)
-        self.matching, self.reduction = matching, reduction
-        self._matcher: _PriorMatcher | None = None
-        self._matcher_key = None
-
-    def matcher(self) -> _PriorMatcher:
-        """The prior's precomputed structure; rebuilt only if the ``prior`` buffer changes."""
-        key = (self.prior.data_ptr(), self.prior._version, self.prior.device)
-        if key != self._matcher_key:
-            self._matcher, self._matcher_key = _PriorMatcher(self.prior), key
-        return self._matcher
-
-    def forward(self, P: Tensor) -> Tensor:
-        if not isinstance(P, Tensor) or P.shape != self.prior.shape:
-            shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
-            raise ValueError(f"P must have shape {tuple(self.prior.shape)}, got {shape}")
-        if self.matching == "eq9":  # NAC eq. 9: module v -> prior node sigma[v]
-            sigma = hungarian_permutation(P, self.prior).to(P.device)
-            canonical = P
-            target = self.prior.index_select(0, sigma).index_select(1, sigma)
-        else:
-            order, sigma_c = _match(P, self.matcher(), self.refine_steps)
-            order = torch.as_tensor(order, device=P.device)
-            sigma_c = torch.as_tensor(sigma_c, device=P.device)
-            # from here on P is seen in its canonical order, so the loss is bitwise the same under
-            # any relabelling of the modules (for P without exactly tied rows)
-            canonical = P.index_select(0, order).index_select(1, order)
-            target = self.prior.index_select(0, sigma_c).index_select(1, sigma_c)
-        residual = (canonical - target) ** 2
-        if self.reduction == "public":
-            return residual.mean()
-        # NAC eq. 6
-        return residual.sum() - residual.diagonal().sum()

@@ -1,0 +1,261 @@
+"""How every benchmark measures: the sizes per profile, interleaved timing of the sides of a ratio,
+FLOP counting, and the result a benchmark returns."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from modnets.timing import median_time
+from modnets.utils import wrap
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    repeats: int = 5  # at least this many timed blocks (see median_time)
+    rounds: int = (
+        3  # the sides of a ratio are timed in this many interleaved rounds (interleaved_times)
+    )
+    warmup: int = 2
+    min_run_time: float = 0.3  # seconds of timing per measurement (torch.utils.benchmark)
+    batch: int = 16
+    experiments: str = "cpu"  # the profile whose experiment configurations are benchmarked
+    # 2. NI vectorised vs loop; fused ModAttn
+    modattn_tokens: tuple[int, ...] = (9, 18, 32, 64, 128, 256)
+    modattn_rows: int = 5760  # B * U * T, the same at every T (the cpu digits step's)
+    ni_functions: tuple[int, ...] = (1, 2, 4, 8, 16)
+    ni_dim: int = 96
+    ni_tokens: int = 65
+    # 3. NAC vs PIO (Table 4 sizes by default)
+    nac: dict | None = None
+    readin_units: int = 320
+    readin_tokens: int = 64
+    readin_dim: int = 384
+    readin_batch: int = 8
+    # 4. token scaling
+    tokens: tuple[int, ...] = (64, 256, 1024, 4096)
+    scaling_dim: int = 64
+    # 5. dropping
+    drop_fractions: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
+    drop_batch: int = 16
+    # 6. FLOP utilisation
+    matmul_size: int = 1024
+    # 2e. thread policy: GOMP_SPINCOUNT values timed besides the policy's (300000: libgomp's)
+    spin_counts: tuple[str, ...] = ("300000", "10000", "2000", "1000", "300", "0")
+    # 7. many modules
+    many_modules: int = 1024
+    many_batch: int = 8
+    # the GPU variants (python -m bench --precision bfloat16 --compile): every timed call of the
+    # VARIANT_BENCHMARKS under bf16 autocast, and every timed model torch.compile'd
+    precision: str = "float32"
+    compile: bool = False
+
+
+TABLE4 = dict(
+    dim=384,
+    num_layers=8,
+    num_processors=320,
+    num_readouts=64,
+    num_heads=6,
+    ffn_hidden=1536,
+    sig_dim=64,
+    code_dim=384,
+)
+
+SMALL = dict(
+    dim=32,
+    num_layers=2,
+    num_processors=16,
+    num_readouts=4,
+    num_heads=2,
+    ffn_hidden=64,
+    sig_dim=8,
+    code_dim=16,
+)
+
+MID = dict(
+    dim=192,
+    num_layers=4,
+    num_processors=160,
+    num_readouts=16,
+    num_heads=6,
+    ffn_hidden=768,
+    sig_dim=32,
+    code_dim=192,
+)
+
+CONFIGS = {
+    "smoke": BenchConfig(
+        repeats=1,
+        rounds=1,
+        warmup=1,
+        min_run_time=0.0,
+        experiments="smoke",
+        modattn_tokens=(9, 32),
+        modattn_rows=576,
+        spin_counts=("300000",),
+        batch=2,
+        ni_functions=(1, 2, 4),
+        ni_dim=16,
+        ni_tokens=9,
+        nac=SMALL,
+        readin_units=16,
+        readin_tokens=8,
+        readin_dim=16,
+        readin_batch=2,
+        tokens=(16, 32, 64),
+        scaling_dim=16,
+        drop_batch=2,
+        matmul_size=128,
+        many_modules=64,
+        many_batch=2,
+    ),
+    "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096)),
+    "gpu": BenchConfig(
+        repeats=10,
+        warmup=3,
+        min_run_time=0.5,
+        experiments="gpu",
+        batch=64,
+        nac=TABLE4,
+        readin_batch=64,
+        drop_batch=64,
+        matmul_size=8192,
+        many_batch=8,
+    ),
+}
+
+
+def fit_exponent(xs, ys) -> float:
+    """Slope of ``log y`` against ``log x`` (least squares): ``y ~ x^slope``."""
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
+
+
+def train_step(model: nn.Module, x: Tensor) -> Callable[[], None]:
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        out = out if isinstance(out, Tensor) else out.logits
+        out.float().square().mean().backward()
+
+    return step
+
+
+#: ``BenchConfig.precision``: float32, or bfloat16 autocast (as the experiments train on a GPU).
+PRECISIONS = ("float32", "bfloat16")
+
+
+def autocast_for(cfg: BenchConfig, device):
+    if cfg.precision == "bfloat16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def best_time(cfg: BenchConfig, fn: Callable[[], object], device) -> float:
+    """:func:`median_time` of ``fn`` at ``cfg``'s repeats and precision."""
+
+    def call():
+        with autocast_for(cfg, device):
+            return fn()
+
+    return median_time(call, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
+
+
+def compiled_side(cfg: BenchConfig, *models):
+    """``models``, each through ``torch.compile`` when ``cfg.compile``. Dynamo's caches are
+    cleared first, so every row of a benchmark compiles its own models (and never meets the
+    recompile limit, past which dynamo silently runs eager code)."""
+    if cfg.compile:
+        torch._dynamo.reset()
+        models = tuple(torch.compile(m) for m in models)
+    return models if len(models) > 1 else models[0]
+
+
+def or_nan(cfg: BenchConfig, measure: Callable[[], float], row: dict) -> float:
+    """``measure()``, or NaN (the error noted in ``row``) where compiling fails: on an H100 with
+    torch 2.11, Inductor failed to compile the fused ModAttn at the gpu digits configuration."""
+    try:
+        return measure()
+    except Exception as e:
+        if not cfg.compile:
+            raise
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"
+        return math.nan
+
+
+def interleaved_times(
+    cfg: BenchConfig, calls: dict[str, Callable[[], object]], device, row: dict | None = None
+) -> dict[str, float]:
+    """The time of each call for a ratio: ``cfg.rounds`` rounds, each timing every call in turn
+    (:func:`best_time`), and each call's fastest round. On a shared machine a burst of load then
+    slows one round of every side instead of one side: on two cores the same ModLin-vs-Linear
+    ratio read 1.32, 1.52 and 1.88 in three runs timed one side after the other. A call that
+    fails to compile is NaN from then on (:func:`or_nan`, the error in ``row``)."""
+    best = dict.fromkeys(calls, math.inf)
+    for _ in range(cfg.rounds):
+        for name, fn in calls.items():
+            if not math.isnan(best[name]):
+                t = or_nan(
+                    cfg, lambda fn=fn: best_time(cfg, fn, device), {} if row is None else row
+                )
+                best[name] = t if math.isnan(t) else min(best[name], t)
+    return best
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def make_result(
+    name: str, rows: list[dict], ratio: float | None, target: str, met: bool | None, note: str = ""
+) -> dict:
+    return {"name": name, "rows": rows, "ratio": ratio, "target": target, "met": met, "note": note}
+
+
+def compare(variants: dict[str, dict]) -> str:
+    """One line per benchmark, one column per variant (``name -> run_all(...)["results"]``): the
+    ratio each measured, ``*`` where it missed its target."""
+    names = list(dict.fromkeys(n for results in variants.values() for n in results))
+    width = max(10, *(len(v) for v in variants))
+    lines = [f"{'benchmark':<18}" + "".join(f"{v:>{width + 2}}" for v in variants)]
+    for name in names:
+        cells = []
+        for results in variants.values():
+            r = results.get(name)
+            ratio = None if r is None else r["ratio"]
+            cell = "-" if ratio is None else f"{ratio:.3g}" + ("*" if r["met"] is False else "")
+            cells.append(f"{cell:>{width + 2}}")
+        lines.append(f"{name:<18}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def format_result(res: dict) -> str:
+    verdict = {True: "met", False: "MISSED", None: "n/a"}[res["met"]]
+    ratio = "-" if res["ratio"] is None else f"{res['ratio']:.3g}"
+    lines = [
+        f"== {res['name']}: {ratio} (target {res['target']}: {verdict}) "
+        f"[{res.get('seconds', 0):.1f} s]"
+    ]
+    if res.get("note"):
+        lines.append(f"   {res['note']}")
+    for row in res["rows"]:
+        lines.append(
+            "   "
+            + "  ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+            )
+        )
+    return wrap("\n".join(lines))

@@ -1,0 +1,289 @@
+"""Benchmarks of the experiments' own training steps: as run against plain eager, under the thread
+policy with a busy neighbour, and in one single-threaded process per core."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from modnets.benchmarks.core import (
+    BenchConfig,
+    best_time,
+    count_flops,
+    interleaved_times,
+    make_result,
+    train_step,
+)
+from modnets.benchmarks.ni import experiment_ni
+from modnets.models.ni import NeuralInterpreter
+from modnets.profiles import select
+from modnets.threads import GOMP_SPINCOUNT
+from modnets.timing import median_time
+from modnets.training import TrainConfig, autocast, maybe_compile, optimizer_for
+
+
+def _experiment_steps(cfg: BenchConfig) -> dict[str, Callable[[], None]]:
+    """One training step of each experiment's main model at ``cfg.experiments`` (CPU)."""
+    from modnets.experiments import tiny_imagenet
+
+    steps = {}
+    for name, (c, batch, make_input) in experiment_ni(cfg).items():
+        torch.manual_seed(0)
+        steps[f"NI {name}"] = train_step(NeuralInterpreter(c), make_input(batch, "cpu"))
+    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
+    torch.manual_seed(0)
+    nac = tiny_imagenet.build_model("nac", t)
+    steps["NAC Tiny-ImageNet"] = train_step(nac, torch.randn(t.nac_train.batch_size, 3, 64, 64))
+    return steps
+
+
+def _thread_child(experiments: str, min_run_time: float) -> list[dict]:
+    """Run in a fresh process (its libgomp reads ``GOMP_SPINCOUNT`` when torch loads): every
+    experiment step at 1 and 2 threads, on a quiet machine and while a second process spins."""
+    cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
+    rows = []
+    for name, step in _experiment_steps(cfg).items():
+        row = {"config": name}
+        for busy in (False, True):
+            spinner = None
+            if busy:
+                spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(0.2)
+            try:
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    key = f"{'busy' if busy else 'quiet'}_{threads}t_ms"
+                    row[key] = 1e3 * median_time(step, 3, 1, min_run_time=min_run_time)
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+        rows.append(row)
+    return rows
+
+
+def bench_thread_policy(cfg: BenchConfig, device) -> dict:
+    """The CPU thread policy (:mod:`modnets.threads`): each experiment's training step at 1 and
+    2 threads, quiet and while a second process keeps one core busy, under each of
+    ``cfg.spin_counts`` and the policy's ``GOMP_SPINCOUNT``, each in a fresh process. Target: with
+    the policy and 2 threads, a busy neighbour slows a step at most 2.5x."""
+    if device.type != "cpu" or (os.cpu_count() or 1) < 2:
+        return make_result(
+            "CPU thread policy",
+            [],
+            None,
+            "<= 2.5x slower with one core busy",
+            None,
+            "needs a CPU with two cores or more",
+        )
+    rows = []
+    for spin in dict.fromkeys((*cfg.spin_counts, GOMP_SPINCOUNT)):
+        env = {**os.environ, "GOMP_SPINCOUNT": spin}
+        code = (
+            "import json, sys; from modnets.benchmarks.steps import _thread_child; "
+            f"print(json.dumps(_thread_child({cfg.experiments!r}, {cfg.min_run_time!r})))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        for row in json.loads(out.strip().splitlines()[-1]):
+            row = {"spin": spin, **row}
+            row["best_quiet_threads"] = 1 if row["quiet_1t_ms"] < row["quiet_2t_ms"] else 2
+            row["busy_slowdown_2t"] = row["busy_2t_ms"] / row["quiet_2t_ms"]
+            rows.append(row)
+    policy = [r for r in rows if r["spin"] == GOMP_SPINCOUNT]
+    default = [r for r in rows if r["spin"] == "300000"] or policy
+    worst = max(r["busy_slowdown_2t"] for r in policy)
+    cost = max(r["quiet_2t_ms"] / d["quiet_2t_ms"] for r, d in zip(policy, default, strict=True))
+    return make_result(
+        "CPU thread policy: a busy neighbour (2 threads)",
+        rows,
+        worst,
+        "<= 2.5x slower with one core busy",
+        worst <= 2.5,
+        f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}: quiet steps at most {cost:.2f}x the default spinning's",
+    )
+
+
+def _experiment_models(
+    cfg: BenchConfig,
+) -> dict[str, tuple[Callable[[], nn.Module], Tensor, TrainConfig]]:
+    """Every model the experiments at ``cfg.experiments`` train, with one batch of its inputs
+    and its training configuration: ``name -> (build(), batch, TrainConfig)``."""
+    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist, tiny_imagenet
+
+    f = select(fuzzy_boolean.CONFIGS, cfg.experiments).train
+    d = select(digits.CONFIGS, cfg.experiments).train
+    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
+    s = select(stacked_mnist.CONFIGS, cfg.experiments).train
+    size = d.ni_config().image_size
+    pio = partial(tiny_imagenet.build_model, "pio", t)
+
+    def entry(build, config: TrainConfig, channels: int = 3, side: int = 64) -> tuple:
+        return build, torch.randn(config.batch_size, channels, side, side), config
+
+    vector = torch.rand(f.pretrain.batch_size, f.num_variables)
+    return {
+        "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, f), vector, f.pretrain),
+        "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),
+        "ViT (digits)": entry(partial(digits.build_vit, d), d.vit_train, side=size),
+        "NAC (Tiny-ImageNet)": entry(partial(tiny_imagenet.build_model, "nac", t), t.nac_train),
+        "Perceiver IO (Tiny-ImageNet)": entry(pio, t.pio_train),
+        "CNN (stacked MNIST)": entry(partial(stacked_mnist.build_model, "cnn", s), s.optim, 1),
+        "NFM (stacked MNIST)": entry(partial(stacked_mnist.build_model, "nfm", s), s.optim, 1),
+    }
+
+
+def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
+    """One optimiser step as :func:`modnets.training.fit` takes it under ``config``: the model
+    compiled and the optimiser fused where the config says, autocast, clipping, the update."""
+    net = maybe_compile(model, config.compile)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer_for([{"params": params}], config)
+    device = params[0].device
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast(device) if config.amp else nullcontext():
+            out = net(x)
+            loss = (out if isinstance(out, Tensor) else out.logits).float().square().mean()
+        loss.backward()
+        if config.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
+        opt.step()
+
+    return step
+
+
+def bench_train_steps(cfg: BenchConfig, device) -> dict:
+    """Each experiment's optimiser step as it runs (its config's compile, fused optimiser and
+    autocast) against the plain eager float32 step of the same model, interleaved in this run;
+    where both switches are on, the fused optimiser alone too. ``warmup_s``: the first two
+    steps as run (compilation) less two steady steps, and ``break_even_steps`` the steps after
+    which the warm-up has paid for itself. ``mfu``: the step's FLOPs (forward and backward,
+    counted eagerly) per second as a share of the matmul rate measured here."""
+    n = cfg.matmul_size
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    peak = 2 * n**3 / best_time(cfg, lambda: a @ b, device)
+    plain = dict(compile=False, fused=False, amp=False)
+    rows = []
+    for name, (build, x, config) in _experiment_models(cfg).items():
+        torch.manual_seed(0)
+        model = build().to(device)
+        x = x.to(device)
+        steps = {"eager": _optimiser_step(model, x, replace(config, **plain))}
+        if config.compile and config.fused:  # the fused optimiser's share of the speed-up
+            steps["fused"] = _optimiser_step(
+                copy.deepcopy(model), x, replace(config, compile=False)
+            )
+        steps["as_run"] = as_run = _optimiser_step(copy.deepcopy(model), x, config)
+        t0 = time.perf_counter()
+        as_run()
+        as_run()
+        first_two = time.perf_counter() - t0
+        flops = count_flops(steps["eager"])
+        times = interleaved_times(cfg, steps, device)
+        saved = times["eager"] - times["as_run"]
+        warmup = max(0.0, first_two - 2 * times["as_run"])
+        row = {
+            "model": name,
+            "compile": config.compile,
+            "fused": config.fused,
+            **{f"{k}_ms": 1e3 * t for k, t in times.items()},
+            "speedup": times["eager"] / times["as_run"],
+            "mfu": flops / times["as_run"] / peak,
+            "mfu_eager": flops / times["eager"] / peak,
+            "warmup_s": warmup,
+            "break_even_steps": math.ceil(warmup / saved) if saved > 0 else None,
+        }
+        if "fused" in times:
+            row["speedup_fused_only"] = times["eager"] / times["fused"]
+        rows.append(row)
+        torch._dynamo.reset()  # the next model compiles afresh (never at the recompile limit)
+    name = "Experiments' training steps: as run vs plain eager"
+    target = ">= 1.4x for every model, NI MFU >= 40 %"
+    if not any(r["compile"] or r["fused"] for r in rows):
+        return make_result(
+            name,
+            rows,
+            None,
+            target,
+            None,
+            f"every step at {cfg.experiments!r} is the plain eager one",
+        )
+    worst = min(r["speedup"] for r in rows)
+    ni = min((r["mfu"] for r in rows if r["model"].startswith("NI")), default=math.nan)
+    note = ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in rows)
+    return make_result(
+        name,
+        rows,
+        worst,
+        target,
+        worst >= 1.4 and not ni < 0.4,
+        f"{note}; NI MFU >= {ni:.0%} of matmul's {peak / 1e9:.0f} GFLOP/s",
+    )
+
+
+def _workers_child(experiments: str, min_run_time: float, threads: int) -> dict[str, float]:
+    """Run in a fresh process: each experiment model's optimiser step (ms, as its config runs
+    it but eager) at ``threads`` threads."""
+    torch.set_num_threads(threads)
+    cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
+    out = {}
+    for name, (build, x, config) in _experiment_models(cfg).items():
+        torch.manual_seed(0)
+        step = _optimiser_step(build(), x, replace(config, compile=False))
+        out[name] = 1e3 * median_time(step, 3, 1, min_run_time=min_run_time)
+    return out
+
+
+def bench_seed_workers(cfg: BenchConfig, device) -> dict:
+    """Independent trainings side by side (:mod:`modnets.parallel`): each experiment model's
+    step in one process with a thread per core, and in one single-threaded process per core, all
+    running at once (each times the models in the same order, so their steps overlap).
+    ``gain``: the steps per second of all those processes together over the one process's.
+    Target: more than 1 for every model."""
+    cores = os.cpu_count() or 1
+    name = "seeds in worker processes"
+    if device.type != "cpu" or cores < 2:
+        return make_result(name, [], None, "> 1x", None, "needs a CPU with two cores or more")
+    if cfg.experiments == "smoke":  # (the unit tests time one smoke child)
+        return make_result(name, [], None, "> 1x", None, "smoke steps are too small to compare")
+
+    def child(threads: int) -> subprocess.Popen:
+        code = (
+            "import json; from modnets.benchmarks.steps import _workers_child; "
+            f"print(json.dumps(_workers_child({cfg.experiments!r}, {cfg.min_run_time!r}, "
+            f"{threads})))"
+        )
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    def result(proc: subprocess.Popen) -> dict[str, float]:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"a benchmark process failed (exit {proc.returncode})")
+        return json.loads(out.strip().splitlines()[-1])
+
+    one = result(child(cores))
+    side_by_side = [result(p) for p in [child(1) for _ in range(cores)]]
+    rows = []
+    for name, ms in one.items():
+        each = [r[name] for r in side_by_side]
+        gain = sum(ms / t for t in each)
+        rows.append({"model": name, "one_process_ms": ms, "worker_ms": max(each), "gain": gain})
+    worst = min(r["gain"] for r in rows)
+    return make_result(
+        f"seeds in {cores} single-threaded processes vs one", rows, worst, "> 1x", worst > 1.0
+    )

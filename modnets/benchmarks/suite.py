@@ -1,0 +1,108 @@
+"""The suite: every benchmark by name, and :func:`run_all`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from modnets.benchmarks.circuits import (
+    bench_dropping,
+    bench_flop_utilisation,
+    bench_many_modules,
+    bench_nac_vs_pio,
+    bench_token_scaling,
+)
+from modnets.benchmarks.core import CONFIGS, PRECISIONS, format_result
+from modnets.benchmarks.layers import bench_modulated, bench_ni_vectorised, bench_read_in_memory
+from modnets.benchmarks.ni import (
+    bench_modattn_tokens,
+    bench_ni_fused,
+    bench_ni_memory,
+    bench_ni_vs_transformer,
+)
+from modnets.benchmarks.steps import bench_seed_workers, bench_thread_policy, bench_train_steps
+from modnets.profiles import get_profile, select
+
+BENCHMARKS = {
+    "modulated": bench_modulated,
+    "ni_vectorised": bench_ni_vectorised,
+    "modattn_tokens": bench_modattn_tokens,
+    "ni_fused": bench_ni_fused,
+    "ni_vs_transformer": bench_ni_vs_transformer,
+    "ni_memory": bench_ni_memory,
+    "thread_policy": bench_thread_policy,
+    "nac_vs_pio": bench_nac_vs_pio,
+    "read_in_memory": bench_read_in_memory,
+    "token_scaling": bench_token_scaling,
+    "dropping": bench_dropping,
+    "flop_utilisation": bench_flop_utilisation,
+    "many_modules": bench_many_modules,
+    "train_steps": bench_train_steps,
+    "seed_workers": bench_seed_workers,
+}
+
+#: The benchmarks that take ``precision`` and ``compile`` (the ratios to measure on a GPU).
+VARIANT_BENCHMARKS = (
+    "modulated",
+    "ni_vectorised",
+    "modattn_tokens",
+    "ni_fused",
+    "ni_vs_transformer",
+    "ni_memory",
+    "nac_vs_pio",
+    "flop_utilisation",
+)
+
+
+def run_all(
+    profile: str | None = None,
+    only: list[str] | None = None,
+    device=None,
+    show: Callable[[str], None] | None = print,
+    precision: str = "float32",
+    compile: bool = False,
+) -> dict:
+    """Run the suite (or ``only`` some benchmarks) at ``profile``; returns a JSON-able dict.
+    ``precision="bfloat16"`` (bf16 autocast) and ``compile=True`` (``torch.compile``) apply to
+    :data:`VARIANT_BENCHMARKS`, which are then the default selection."""
+    profile = get_profile(profile)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
+    cfg = replace(select(CONFIGS, profile), precision=precision, compile=compile)
+    variant = precision != "float32" or compile
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    names = only or list(VARIANT_BENCHMARKS if variant else BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"only must name benchmarks in {list(BENCHMARKS)}, got {unknown}")
+    fixed = [n for n in names if variant and n not in VARIANT_BENCHMARKS]
+    if fixed:
+        raise ValueError(
+            f"only: {fixed} take no precision or compile; those that do are "
+            f"{list(VARIANT_BENCHMARKS)}"
+        )
+    torch.manual_seed(0)
+    out = {
+        "profile": profile,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "precision": precision,
+        "compile": compile,
+        "results": {},
+    }
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    for name in names:
+        t0 = time.perf_counter()
+        res = BENCHMARKS[name](cfg, device)
+        res["seconds"] = time.perf_counter() - t0
+        out["results"][name] = res
+        if show is not None:
+            show(format_result(res))
+    return out

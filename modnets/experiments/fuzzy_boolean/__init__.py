@@ -1,0 +1,121 @@
+"""NI §4.1: learning fuzzy Boolean expressions with reusable functions (NI Table 1).
+
+Pretrain a Neural Interpreter to regress 20 fuzzy Boolean functions of 5 variables at once: the
+input set is the 5 variables (one token each, with learned positional embeddings) plus one CLS
+token per function, read out by one shared regression head. Then give it 10 new functions, with 10
+fresh CLS tokens, and finetune three sets of parameters:
+
+* ``cls``  -- the CLS tokens only;
+* ``type`` -- + type matching: the type-inference MLP, the signatures and the kernel bandwidth;
+* ``all``  -- every parameter.
+
+If the pretrained functions are reusable primitives, re-routing alone (``type``) should come close
+to finetuning everything (``all``).
+
+Every model is trained from each seed of ``config.seeds``, and each seed draws its own task -- the
+30 functions and their points (:func:`task_for`) -- so that the seeds are exchangeable draws of
+the whole experiment; the routing sweep chooses its settings on a selection seed that is never a
+claim seed. :func:`claims` tests NI Table 1 over the claim seeds.
+
+Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.json``.
+
+One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
+``models`` (the models and their training), ``sweep`` (the routing sweep and its record),
+``claims`` (the paper's claims as tests) and ``run`` (the experiment and its command line).
+"""
+
+from modnets.experiments.fuzzy_boolean.claims import (
+    REGIME_R2,
+    claims,
+    format_summary,
+    regime,
+    summary,
+)
+from modnets.experiments.fuzzy_boolean.config import (
+    CONFIGS,
+    CPU_SPEED,
+    FAMILIES,
+    NAME,
+    PAPER,
+    RECORDED_SWEEPS,
+    REGIME_NAMES,
+    REGIMES,
+    SWEPT,
+    FuzzyBooleanConfig,
+    FuzzyBooleanSweep,
+    FuzzyBooleanTrain,
+    unswept,
+)
+from modnets.experiments.fuzzy_boolean.data import (
+    describe_functions,
+    fit_points,
+    load_data,
+    reported_split,
+    selection_split,
+    target_scaler,
+    task_for,
+)
+from modnets.experiments.fuzzy_boolean.models import (
+    TRAIN_CODE,
+    build_model,
+    evaluate,
+    finetuned,
+    loss,
+    pretrained,
+    set_trainable,
+    train,
+    trained_models,
+)
+from modnets.experiments.fuzzy_boolean.run import dry_run, main, run
+from modnets.experiments.fuzzy_boolean.sweep import (
+    choose_candidate,
+    load_sweep_record,
+    record_sweep,
+    sweep,
+    sweep_record_path,
+)
+
+__all__ = [
+    "NAME",
+    "REGIMES",
+    "REGIME_NAMES",
+    "PAPER",
+    "FAMILIES",
+    "FuzzyBooleanTrain",
+    "FuzzyBooleanSweep",
+    "FuzzyBooleanConfig",
+    "CPU_SPEED",
+    "CONFIGS",
+    "RECORDED_SWEEPS",
+    "SWEPT",
+    "unswept",
+    "task_for",
+    "load_data",
+    "describe_functions",
+    "target_scaler",
+    "fit_points",
+    "reported_split",
+    "selection_split",
+    "build_model",
+    "set_trainable",
+    "evaluate",
+    "loss",
+    "train",
+    "TRAIN_CODE",
+    "pretrained",
+    "finetuned",
+    "trained_models",
+    "sweep_record_path",
+    "record_sweep",
+    "load_sweep_record",
+    "sweep",
+    "choose_candidate",
+    "REGIME_R2",
+    "regime",
+    "claims",
+    "summary",
+    "format_summary",
+    "dry_run",
+    "run",
+    "main",
+]

@@ -1,0 +1,243 @@
+"""The NI of the fuzzy-Boolean experiment, what each finetuning regime trains, its loss and R^2,
+and the checkpointed pretraining and finetuning of one seed."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modnets.data import fuzzy_boolean as fuzzy_data
+from modnets.data.fuzzy_boolean import MultiTaskData
+from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.fuzzy_boolean.config import (
+    NAME,
+    REGIMES,
+    FuzzyBooleanConfig,
+    FuzzyBooleanTrain,
+)
+from modnets.experiments.fuzzy_boolean.data import fit_points, load_data, target_scaler
+from modnets.models.ni import NeuralInterpreter
+from modnets.training import TrainConfig, fit, r2_score, trainable_parameters
+from modnets.utils import default_device
+
+
+def build_model(train: FuzzyBooleanTrain) -> NeuralInterpreter:
+    return NeuralInterpreter(train.model_config())
+
+
+def set_trainable(model: NeuralInterpreter, regime: str) -> int:
+    """Freeze everything but the parameters of ``regime``; return the trainable count.
+
+    ``cls``: CLS tokens. ``type``: + type-inference MLPs, signatures and kernel bandwidths of every
+    script. ``all``: everything (signatures included).
+    """
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
+    for p in model.parameters():
+        p.requires_grad_(regime == "all")
+    model.cls.tokens.requires_grad_(True)
+    if regime == "type":
+        for script in model.scripts:
+            script.iteration.type_inference.requires_grad_(True)
+            script.iteration.type_matching.requires_grad_(True)
+            for sig in script.signature_chunks:
+                sig.requires_grad_(True)
+    return trainable_parameters(model)
+
+
+@torch.no_grad()
+@torch.no_grad()
+def evaluate(model: nn.Module, data: MultiTaskData, batch_size: int = 256) -> torch.Tensor:
+    """R^2 per function on the validation split, on the original scale of the targets.
+
+    The model predicts standardised targets; mapping its predictions back by the same affine map
+    leaves R^2 unchanged, so this is also the R^2 on the standardised scale.
+    """
+    model.eval()
+    mu, sd = target_scaler(data)
+    device = next(model.parameters()).device
+    x = data.x_val
+    preds = [
+        model(x[i : i + batch_size].to(device))[..., 0].float().cpu()
+        for i in range(0, len(x), batch_size)
+    ]
+    return r2_score(torch.cat(preds) * sd + mu, data.y_val).float()
+
+
+def loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss: MSE on standardised targets, every function at once."""
+    return F.mse_loss(net(x)[..., 0], y)
+
+
+def train(
+    model: nn.Module,
+    data: MultiTaskData,
+    config: TrainConfig,
+    seed: int = 0,
+    desc: str = "training",
+    show_progress: bool = True,
+    state_path=None,
+    resume: bool = False,
+) -> dict:
+    """Train the trainable parameters on standardised targets (MSE) with :func:`fit`."""
+    device = next(model.parameters()).device
+    mu, sd = target_scaler(data)
+    x, y = data.x_train.to(device), ((data.y_train - mu) / sd).to(device)
+
+    def step(net, idx):
+        idx = idx.to(device)
+        return loss(net, x[idx], y[idx])
+
+    return fit(
+        model,
+        step,
+        config,
+        n=len(x),
+        desc=desc,
+        show_progress=show_progress,
+        evaluate=lambda m: {"r2": evaluate(m, data).mean().item()},
+        seed=seed,
+        state_path=state_path,
+        resume=resume,
+        state_config={"stage": desc},
+    )
+
+
+#: What the trained models depend on, besides the configuration (see ``harness.code_fingerprint``).
+TRAIN_CODE = (
+    "modnets.models.ni",
+    "modnets.training",
+    fuzzy_data,
+    load_data,
+    build_model,
+    set_trainable,
+    target_scaler,
+    evaluate,
+    loss,
+    train,
+)
+
+
+def pretrained(
+    t: FuzzyBooleanTrain,
+    seed: int,
+    points: MultiTaskData,
+    fingerprint: str,
+    device,
+    show_progress: bool,
+    cache: bool,
+    resume: bool,
+    desc: str,
+) -> tuple:
+    """The pretrained model of ``t`` at ``seed`` (checkpoint ``fuzzy_boolean-pretrain``, keyed
+    without the finetuning rates, which pretraining does not use)."""
+
+    def fit_it(model, state_path, resume):
+        return train(model, points, t.pretrain, seed, desc, show_progress, state_path, resume)
+
+    return load_or_train(
+        f"{NAME}-pretrain",
+        replace(t, finetune_lrs=()),
+        seed,
+        lambda: build_model(t),
+        fit_it,
+        code=TRAIN_CODE,
+        data=fingerprint,
+        device=device,
+        cache=cache,
+        resume=resume,
+    )
+
+
+def finetuned(
+    t: FuzzyBooleanTrain,
+    regime: str,
+    seed: int,
+    weights: dict,
+    points: MultiTaskData,
+    fingerprint: str,
+    device,
+    show_progress: bool,
+    cache: bool,
+    resume: bool,
+    desc: str,
+) -> tuple:
+    """``regime`` finetuned from the pretrained ``weights`` at its rate in ``t`` (checkpoint
+    ``fuzzy_boolean-<regime>``, keyed by that rate alone)."""
+    tc = t.finetune_config(regime)
+
+    def build():
+        ft = build_model(t)
+        ft.load_state_dict(weights)
+        ft.reset_cls_tokens(t.num_finetune_functions)
+        set_trainable(ft, regime)
+        return ft
+
+    def fit_it(model, state_path, resume):
+        return train(model, points, tc, seed, desc, show_progress, state_path, resume)
+
+    model, hist = load_or_train(
+        f"{NAME}-{regime}",
+        replace(t, finetune_lrs=((regime, tc.lr),)),
+        seed,
+        build,
+        fit_it,
+        code=TRAIN_CODE,
+        data=fingerprint,
+        device=device,
+        cache=cache,
+        resume=resume,
+    )
+    set_trainable(model, regime)
+    return model, hist
+
+
+def trained_models(
+    config: FuzzyBooleanConfig,
+    seed: int,
+    data=None,
+    device=None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+) -> dict[str, tuple[nn.Module, dict]]:
+    """``{"pretrain" | regime: (model, history)}`` at ``seed``: each loaded from its checkpoint
+    or trained (pretraining first, then each regime from the same pretrained weights), on the
+    points of :func:`fit_points`. ``config.train`` is used as it is: pass the one
+    :func:`sweep` returns (as :func:`run` does) to get the swept choice."""
+    t = config.train
+    data = load_data(t) if data is None else data
+    pre_fit, new_fit, fingerprint = fit_points(config, data)
+    device = device or default_device()
+    pre, history = pretrained(
+        t,
+        seed,
+        pre_fit,
+        fingerprint,
+        device,
+        show_progress,
+        cache,
+        resume,
+        f"pretraining (seed {seed})",
+    )
+    out = {"pretrain": (pre, history)}
+    weights = copy.deepcopy(pre.state_dict())
+    for regime in REGIMES:
+        out[regime] = finetuned(
+            t,
+            regime,
+            seed,
+            weights,
+            new_fit,
+            fingerprint,
+            device,
+            show_progress,
+            cache,
+            resume,
+            f"finetune [{regime}] (seed {seed})",
+        )
+    return out

@@ -1,0 +1,166 @@
+"""NI §4.1, fuzzy Boolean expressions (NI Table 1): the whole experiment at every claim seed, its
+results file and its command line.
+
+Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import replace
+
+import torch
+
+from modnets import diagnostics, distributed
+from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.stats import per_seed, seed_stats
+from modnets.experiments.fuzzy_boolean.claims import claims, format_summary, regime
+from modnets.experiments.fuzzy_boolean.config import (
+    CONFIGS,
+    NAME,
+    REGIMES,
+    FuzzyBooleanConfig,
+    FuzzyBooleanTrain,
+)
+from modnets.experiments.fuzzy_boolean.data import (
+    describe_functions,
+    fit_points,
+    load_data,
+    reported_split,
+    task_for,
+)
+from modnets.experiments.fuzzy_boolean.models import (
+    TRAIN_CODE,
+    build_model,
+    evaluate,
+    loss,
+    trained_models,
+)
+from modnets.experiments.fuzzy_boolean.sweep import sweep
+from modnets.profiles import get_profile, select
+from modnets.training import trainable_parameters
+from modnets.utils import default_device
+
+
+def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
+    """The pretraining model of ``config`` and one loss on two random points (see
+    :func:`modnets.experiments.core.harness.dry_run`)."""
+    t = config.train
+    x, y = torch.rand(2, t.num_variables), torch.randn(2, t.num_pretrain_functions)
+    n = round(0.8 * t.points_per_function)  # make_dataset's 80/20 split (NI §4.1)
+    return [
+        harness.DryRun(
+            "NI (pretraining)",
+            build_model(t),
+            lambda m: loss(m, x, y),
+            samples=2,
+            batch_size=t.pretrain.batch_size,
+            steps=t.pretrain.epochs * (n // t.pretrain.batch_size),
+        )
+    ]
+
+
+def _train_seed(
+    config: FuzzyBooleanConfig, chosen: FuzzyBooleanTrain, device, resume: bool, seed: int
+) -> None:
+    """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`run`'s
+    loop, ahead of it in a worker process."""
+    seeded = replace(config, train=task_for(chosen, seed))
+    trained_models(seeded, seed, None, device, show_progress=False, cache=True, resume=resume)
+
+
+def run(
+    config: FuzzyBooleanConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    workers: int | None = None,
+) -> dict:
+    """The whole experiment at every seed; the results in the harness schema (plain JSON).
+
+    ``models[key]["per_seed"]`` holds each seed's R^2 per function, history and trainable count;
+    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds. ``workers``: the
+    processes the seeds train in (:func:`harness.workers_for`).
+    """
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = select(CONFIGS, profile) if config is None else config
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
+    selection = [config.sweep.seed] if config.sweep is not None else list(config.selection_seeds)
+    if set(selection) & set(config.seeds):
+        raise ValueError(f"the selection seeds {selection} overlap the claim seeds {config.seeds}")
+    chosen, sweep_report = sweep(config, None, device, show_progress, cache, resume)
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_seed, config, chosen, device, resume)
+    harness.train_ahead(
+        train, config.seeds, workers, cache, "claim seeds", show_progress, whole_rounds=True
+    )
+    models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
+    routing, shifts, functions = [], [], {}
+    for seed in config.seeds:
+        seeded = replace(config, train=task_for(chosen, seed))
+        data = load_data(seeded.train)
+        pre_data, new_data, drawn = data
+        functions[seed] = describe_functions(drawn)
+        pre_fit, new_fit, _ = fit_points(seeded, data)
+        reported = {
+            "pretrain": reported_split(pre_fit, pre_data),
+            "new": reported_split(new_fit, new_data),
+        }
+        trained = trained_models(seeded, seed, data, device, show_progress, cache, resume)
+        for key, (model, history) in trained.items():
+            r2 = evaluate(model, reported["pretrain" if key == "pretrain" else "new"])
+            models[key]["per_seed"].append(
+                {
+                    "seed": seed,
+                    "r2": r2.tolist(),
+                    "mean_r2": r2.mean().item(),
+                    "history": history,
+                    "trainable_parameters": trainable_parameters(model),
+                }
+            )
+        x = pre_data.x_val[: config.routing_points]
+        routing.append({"seed": seed, **diagnostics.ni_routing(trained["pretrain"][0], x)})
+        # how far each finetuning regime moved the variable tokens' routing (new functions' inputs)
+        x_new = new_data.x_val[: config.routing_points]
+        shifts.append(
+            {
+                "seed": seed,
+                **{
+                    r: diagnostics.ni_routing_shift(trained["pretrain"][0], trained[r][0], x_new)
+                    for r in REGIMES
+                },
+            }
+        )
+    config = replace(config, train=chosen)
+    for entry in models.values():
+        entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
+    results = {
+        "models": models,
+        "diagnostics": {
+            "routing_after_pretraining": routing,
+            "routing_shift": shifts,
+            "sweep": sweep_report,
+            "functions": functions,
+        },
+    }
+    results["regime"] = regime(results)
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        results["diagnostics"],
+        claims(results),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=selection,
+        regime=results["regime"],
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment_main(run, format_summary, __doc__, argv)

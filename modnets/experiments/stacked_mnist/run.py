@@ -1,0 +1,225 @@
+"""NFM §4, stacked MNIST (NFM Table 1): the whole experiment at every claim seed, its results file
+and its command line.
+
+Run ``python -m modnets.experiments.stacked_mnist --profile cpu --out results.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict, replace
+
+import torch
+
+from modnets import distributed
+from modnets.data.stacked_mnist import CANVAS_SIZE
+from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.stats import per_seed, seed_stats
+from modnets.experiments.stacked_mnist.analysis import held_out, ood_dips, read_matrix, traced_reads
+from modnets.experiments.stacked_mnist.claims import _convergence, claims, format_summary, regime
+from modnets.experiments.stacked_mnist.config import CONFIGS, MODELS, NAME, StackedMNISTConfig
+from modnets.experiments.stacked_mnist.data import inputs, load_test_canvases, training_data
+from modnets.experiments.stacked_mnist.models import (
+    TRAIN_CODE,
+    build_model,
+    evaluate,
+    loss,
+    pretrained_cnn,
+    trained_model,
+)
+from modnets.profiles import get_profile, select
+from modnets.utils import default_device
+
+
+def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
+    """Both models of ``config`` and their training loss on two random canvases of the real
+    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
+    t = config.train
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 1, CANVAS_SIZE, CANVAS_SIZE), generator=g, dtype=torch.uint8)
+    y = torch.zeros(2, 10)
+    y[0, 3] = y[1, [1, 5, 7]] = 1.0
+    x = inputs(images, "cpu")
+    b = t.optim.batch_size
+    per_epoch = len(t.train_counts) * (t.train_per_count // b)  # batches of one count, full ones
+    steps = {
+        "cnn": (t.optim.epochs + t.finetune_epochs) * per_epoch,
+        "nfm": (t.finetune_epochs or t.optim.epochs) * per_epoch,
+    }
+    return [
+        harness.DryRun(
+            name,
+            build_model(kind, t, seed=0),
+            lambda m: loss(m, x, y),
+            samples=2,
+            batch_size=b,
+            steps=steps[kind],
+        )
+        for kind, name in MODELS.items()
+    ]
+
+
+def _train_task(
+    config: StackedMNISTConfig, device, resume: bool, root, verify: bool, task: tuple
+) -> None:
+    """Train (into checkpoints) what :func:`run`'s loop loads for ``task = (seed, pool, kind)``:
+    ``kind`` ("cnn", "nfm", or "pretrain": the CNN both go on from) with the head ``pool``."""
+    seed, pool, kind = task
+    config = replace(config, train=replace(config.train, pool=pool))
+    if kind == "pretrain":
+        pretrained_cnn(config, seed, None, device, False, True, resume, root, verify)
+    else:
+        trained_model(kind, config, seed, None, device, False, True, resume, root, verify)
+
+
+def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
+    """:func:`_train_task`'s tasks in rounds that depend on the ones before: the CNNs that the
+    finetuned models go on from first (when ``finetune_epochs``), then every model, longest
+    (NFM) first so that the workers finish together."""
+    heads = [
+        (seed, pool) for seed in config.seeds for pool in (config.train.pool, *config.dip_pools)
+    ]
+    models = [(seed, config.train.pool, "nfm") for seed in config.seeds]
+    models += [(seed, pool, "cnn") for seed, pool in heads]
+    if not config.train.finetune_epochs:
+        return [models]
+    return [[(seed, pool, "pretrain") for seed, pool in heads], models]
+
+
+def run(
+    config: StackedMNISTConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    verify: bool = True,
+    workers: int | None = None,
+) -> dict:
+    """Train (or load) both models at every seed and test them on every digit count; the
+    results in the harness schema (plain JSON).
+
+    ``models[name]["per_seed"]`` holds each seed's test accuracy per count (``exact``,
+    ``label``), history and parameter count; ``models[name]["test"][count]["exact"]`` the
+    accuracy summarised over seeds. ``diagnostics["per_seed"]`` holds the NFM reads (traced and
+    as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
+    ``workers``: the processes the models train in (:func:`harness.workers_for`).
+    """
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = select(CONFIGS, profile) if config is None else config
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
+    data = training_data(config.train, root, verify)
+    held = held_out(config)
+    models = {name: {"per_seed": []} for name in MODELS.values()}
+    diag_per_seed = []
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_task, config, device, resume, root, verify)
+    for tasks in _tasks(config):
+        harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
+    for seed in config.seeds:
+        tests = load_test_canvases(config, root, verify, seed)
+        diag = {"seed": seed, "ood_dip": {}}
+        for kind, name in MODELS.items():
+            model, history = trained_model(
+                kind, config, seed, data, device, show_progress, cache, resume, root, verify
+            )
+            test = {c: evaluate(model, ds, config.eval_batch) for c, ds in tests.items()}
+            models[name]["per_seed"].append(
+                {
+                    "seed": seed,
+                    "test": test,
+                    "history": history,
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                }
+            )
+            diag["ood_dip"][name] = ood_dips({c: r["exact"] for c, r in test.items()}, held)
+            if kind == "nfm":
+                diag.update(_nfm_reads(model, tests, config))
+        diag["convergence"] = {
+            name: _convergence(models[name]["per_seed"][-1]["history"]) for name in MODELS.values()
+        }
+        # the other heads' plain CNN, by the same protocol: only its dip is wanted
+        diag["heads"] = {
+            config.train.pool: {
+                "test": {c: r["exact"] for c, r in models["CNN"]["per_seed"][-1]["test"].items()},
+                "ood_dip": diag["ood_dip"]["CNN"],
+                "convergence": diag["convergence"]["CNN"],
+            }
+        }
+        for pool in config.dip_pools:
+            other = replace(config, train=replace(config.train, pool=pool))
+            model, history = trained_model(
+                "cnn", other, seed, data, device, show_progress, cache, resume, root, verify
+            )
+            test = {c: evaluate(model, ds, config.eval_batch)["exact"] for c, ds in tests.items()}
+            diag["heads"][pool] = {
+                "test": test,
+                "ood_dip": ood_dips(test, held),
+                "convergence": _convergence(history),
+            }
+        diag_per_seed.append(diag)
+    diags = _summarise(models, diag_per_seed, config)
+    partial = {"config": asdict(config), "models": models}
+    partial["regime"] = regime(partial)
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        diags,
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=partial["regime"],
+    )
+
+
+def _nfm_reads(model, tests: dict, config: StackedMNISTConfig) -> dict:
+    """What the NFM read on each test set (traced, and as a read matrix) and its gates."""
+    nfm = model.nfm
+    return {
+        "nfm_reads": {c: traced_reads(model, ds, config.probe_canvases) for c, ds in tests.items()},
+        "read_matrix": {
+            c: read_matrix(model, ds, config.read_canvases, config.eval_batch)
+            for c, ds in tests.items()
+        },
+        "gamma": [
+            [nfm.attn(k, i).gamma.item() for i in range(nfm.num_blocks)] for k in range(nfm.passes)
+        ],
+    }
+
+
+def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConfig) -> dict:
+    """Each model's accuracy per digit count over seeds (into ``models``), and the diagnostics:
+    per seed, and the out-of-distribution dips of both models and of every head over seeds."""
+    for entry in models.values():
+        runs = entry["per_seed"]
+        entry["parameters"] = runs[0]["parameters"]
+        entry["test"] = {
+            c: {m: seed_stats(per_seed(runs, "test", c, m)) for m in ("exact", "label")}
+            for c in config.test_counts
+        }
+    first = diag_per_seed[0]
+    dips = {
+        name: {
+            c: seed_stats([d["ood_dip"][name][c] for d in diag_per_seed])
+            for c in first["ood_dip"][name]
+        }
+        for name in MODELS.values()
+    }
+    heads = {
+        pool: {
+            c: seed_stats([d["heads"][pool]["ood_dip"][c] for d in diag_per_seed])
+            for c in first["heads"][pool]["ood_dip"]
+        }
+        for pool in first["heads"]
+    }
+    return {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment_main(run, format_summary, __doc__, argv)

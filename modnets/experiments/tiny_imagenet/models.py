@@ -1,0 +1,221 @@
+"""The NAC and the Perceiver IO of the Tiny-ImageNet experiment, their loss (with the graph prior,
+NAC eq. 6), training and top-1, and the checkpointed trained model of one seed."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from modnets.data.tiny_imagenet import TinyImageNetAugment, normalize
+from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.tiny_imagenet.config import (
+    NAME,
+    TRAIN_EVAL_BATCH,
+    TinyImageNetConfig,
+    TinyImageNetTrain,
+)
+from modnets.experiments.tiny_imagenet.data import Data, load_data
+from modnets.models.baselines import PerceiverIO
+from modnets.models.nac import NeuralAttentiveCircuit
+from modnets.nn.tokens import ConvTokenizer
+from modnets.training import TrainConfig, autocast, fit
+from modnets.utils import default_device
+
+
+def build_model(kind: str, train: TinyImageNetTrain, prior: str | None = "scale_free") -> nn.Module:
+    """``"nac"`` (with the graph ``prior``) or ``"pio"``, each with the App. C tokeniser."""
+    nac_cfg = train.nac_config(prior)
+    tokenizer = ConvTokenizer(**train.tokenizer)
+    if kind == "nac":
+        return NeuralAttentiveCircuit(nac_cfg, tokenizer)
+    if kind == "pio":
+        return PerceiverIO(nac_cfg, tokenizer)
+    raise ValueError(f"kind must be 'nac' or 'pio', got {kind!r}")
+
+
+def model_name(kind: str, prior: str | None = None) -> str:
+    """``"Perceiver IO"`` or ``"NAC (<prior>)"``: the key of a model in the results."""
+    return "Perceiver IO" if kind == "pio" else f"NAC ({prior})"
+
+
+def _full_precision(device: torch.device):
+    """No autocast inside (on CUDA): augmentation and the graph prior stay in float32."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", enabled=False)
+    return contextlib.nullcontext()
+
+
+def graph_penalty(model: nn.Module) -> Tensor | None:
+    """The NAC's graph-prior regulariser, NAC eq. 6 as a mean over ordered pairs (None without
+    one); with ``NACConfig.prior_loss="public"``, the public code's loss as it is (already a mean)."""
+    if isinstance(model, NeuralAttentiveCircuit) and model.graph_prior is not None:
+        U = model.config.num_processors
+        pairs = 1 if model.config.prior_loss == "public" else U * (U - 1)
+        with _full_precision(model.read_out.head.weight.device):
+            return model.graph_loss() / pairs
+    return None
+
+
+def loss(net: nn.Module, model: nn.Module, x: Tensor, soft: Tensor, graph_weight: float) -> dict:
+    """The training loss of one batch: soft-target cross-entropy of ``net(x)`` plus, for a NAC,
+    ``graph_weight`` times its graph-prior regulariser (``model`` is ``net`` unwrapped).
+    ``{"loss", "ce"}`` (+ ``"graph"``, the unweighted regulariser, for a NAC)."""
+    logits = net(x)
+    ce = torch.sum(-soft * F.log_softmax(logits.float(), -1), -1).mean()
+    penalty = graph_penalty(model)
+    if penalty is None:
+        return {"loss": ce, "ce": ce}
+    return {"loss": ce + graph_weight * penalty, "ce": ce, "graph": penalty}
+
+
+def make_step(model: nn.Module, data: Data, train: TinyImageNetTrain):
+    """``step(net, idx)`` for :func:`modnets.training.fit`: the training images ``idx``,
+    augmented (crop, flip, RandAugment, mixup / cutmix as configured), through :func:`loss`."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    augment = None
+    if train.augment is not None:
+        augment = TinyImageNetAugment(
+            train.augment, mixup=train.mixup, cutmix=train.cutmix, num_classes=train.num_classes
+        )
+
+    def step(net: nn.Module, idx: Tensor) -> dict:
+        x, y = data.x_train[idx].to(device), data.y_train[idx].to(device)
+        with _full_precision(device):
+            if augment is None:
+                x, soft = normalize(x), F.one_hot(y, train.num_classes).float()
+            else:
+                x, soft = augment(x, y)
+        x = x.to(dtype)  # a float64 model (e.g. in tests) gets float64 images
+        return loss(net, model, x, soft, train.graph_weight)
+
+    return step
+
+
+def _groups(model: nn.Module, config: TrainConfig, train: TinyImageNetTrain) -> list[dict]:
+    if isinstance(model, NeuralAttentiveCircuit):
+        return model.parameter_groups(config.weight_decay, train.circuit_lr)
+    return model.parameter_groups(config.weight_decay)
+
+
+def train(
+    model: nn.Module,
+    data: Data,
+    train: TinyImageNetTrain,
+    config: TrainConfig,
+    seed: int = 0,
+    desc: str = "training",
+    show_progress: bool = True,
+    state_path: str | Path | None = None,
+    resume: bool = False,
+) -> dict:
+    """Train ``model`` with :func:`modnets.training.fit` (``config``: optimiser, schedule,
+    clipping; the model's own weight-decay groups) and :func:`make_step`; validation top-1 and
+    top-5 after each epoch. With ``state_path`` the training state is saved there (every
+    ``config.save_every`` steps, at the end and on Ctrl-C) and ``resume`` continues from it,
+    ending bit for bit where an uninterrupted run ends (on CPU)."""
+    return fit(
+        model,
+        make_step(model, data, train),
+        config,
+        n=len(data.x_train),
+        evaluate=lambda m: evaluate(m, data.x_val, data.y_val, TRAIN_EVAL_BATCH),
+        param_groups=_groups(model, config, train),
+        desc=desc,
+        show_progress=show_progress,
+        state_path=state_path,
+        resume=resume,
+        seed=seed,
+        state_config={"train": asdict(train), "fit": asdict(config)},
+    )
+
+
+@torch.no_grad()
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 256, **forward_kwargs
+) -> dict:
+    """Top-1 and top-5 accuracy on uint8 images (evaluation mode, no augmentation)."""
+    model.eval()
+    device = next(model.parameters()).device
+    top1 = top5 = 0
+    for i in range(0, len(x), batch_size):
+        with autocast(device):
+            xb = normalize(x[i : i + batch_size].to(device)).to(next(model.parameters()).dtype)
+            logits = model(xb, **forward_kwargs).float()
+        target = y[i : i + batch_size].to(device)
+        best = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        top1 += (best[:, 0] == target).sum().item()
+        top5 += (best == target[:, None]).any(-1).sum().item()
+    return {"top1": top1 / len(x), "top5": top5 / len(x)}
+
+
+#: What the trained models depend on, besides the configuration (see ``harness.code_fingerprint``).
+TRAIN_CODE = (
+    "modnets.models.nac",
+    "modnets.models.baselines",
+    "modnets.nn.tokens",
+    "modnets.training",
+    "modnets.data.tiny_imagenet",
+    load_data,
+    build_model,
+    graph_penalty,
+    loss,
+    make_step,
+    _groups,
+    train,
+    evaluate,
+)
+
+
+def trained_model(
+    kind: str,
+    config: TinyImageNetConfig | TinyImageNetTrain,
+    seed: int,
+    data: Data | None = None,
+    device=None,
+    prior: str | None = "scale_free",
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+) -> tuple[nn.Module, dict]:
+    """``(model, history)``: the ``kind`` model ("nac" with ``prior``, or "pio") trained from
+    ``seed``, loaded from its checkpoint or trained and saved (:func:`harness.load_or_train`)."""
+    t = config.train if isinstance(config, TinyImageNetConfig) else config
+    data = load_data(t, root) if data is None else data
+    device = device or default_device()
+    prior = None if kind == "pio" else prior
+    label = model_name(kind, prior)
+    name = f"{NAME}-pio" if kind == "pio" else f"{NAME}-nac-{prior}"
+    t.train_config(kind)  # checks kind
+
+    def fit_model(model, state_path, resume):
+        return train(
+            model,
+            data,
+            t,
+            t.train_config(kind),
+            seed,
+            f"training {label} (seed {seed})",
+            show_progress,
+            state_path,
+            resume,
+        )
+
+    return load_or_train(
+        name,
+        t,
+        seed,
+        lambda: build_model(kind, t, prior),
+        fit_model,
+        code=TRAIN_CODE,
+        data=data.fingerprint,
+        device=device,
+        cache=cache,
+        resume=resume,
+    )

@@ -1,0 +1,234 @@
+"""NAC §4, Tiny-ImageNet with modules dropped (NAC Table 1, Figs. 10 and 15): the whole experiment at
+every claim seed, its results file and its command line.
+
+Run ``python -m modnets.experiments.tiny_imagenet --profile cpu --out results.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import replace
+
+import torch
+
+from modnets import distributed
+from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.stats import per_seed, seed_stats
+from modnets.experiments.tiny_imagenet.analysis import (
+    drop_curve,
+    edge_curve,
+    nac_diagnostics,
+    point_at,
+    relative_loss,
+    speed_curve,
+)
+from modnets.experiments.tiny_imagenet.claims import (
+    claims,
+    dropping_matters,
+    format_summary,
+    regime,
+)
+from modnets.experiments.tiny_imagenet.config import (
+    CONFIGS,
+    DROP_AT,
+    EDGES_AT,
+    NAME,
+    TinyImageNetConfig,
+)
+from modnets.experiments.tiny_imagenet.data import Data, load_data
+from modnets.experiments.tiny_imagenet.models import (
+    TRAIN_CODE,
+    build_model,
+    evaluate,
+    make_step,
+    model_name,
+    trained_model,
+)
+from modnets.profiles import get_profile, select
+from modnets.utils import default_device, seed_everything
+
+
+def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
+    """Every model of ``config`` and its training loss on eight random 64x64 images (see
+    :func:`modnets.experiments.core.harness.dry_run`; eight, so that DropPath (0.1 per example) drops a
+    residual branch for the whole batch with probability 1e-8, not 1e-2)."""
+    t = config.train
+    x = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8)
+    y = torch.arange(8) % t.num_classes
+    data = Data(x, y, x, y, [str(c) for c in range(t.num_classes)], "random")
+    parts = []
+    for kind, prior in [("pio", None)] + [("nac", p) for p in config.priors]:
+        model = build_model(kind, t, prior)
+        step = make_step(model, data, t)
+        tc = t.nac_train if kind == "nac" else t.pio_train
+        n = t.num_classes * min(500, t.max_train_per_class or 500)  # 500 per class in the release
+        parts.append(
+            harness.DryRun(
+                model_name(kind, prior),
+                model,
+                lambda m, step=step: step(m, torch.arange(8))["loss"],
+                samples=8,
+                batch_size=tc.batch_size,
+                steps=tc.epochs * (n // tc.batch_size),
+            )
+        )
+    return parts
+
+
+def fit_to_gpu(config: TinyImageNetConfig, device, memory_bytes: float | None = None):
+    """``config`` with the gradient accumulation its models need on ``device``'s GPU (or one of
+    ``memory_bytes``), decided before training by :func:`modnets.experiments.core.budget.plan`
+    (which warns); unchanged on a CPU. Accumulation is not in the checkpoint key."""
+    from modnets.experiments.core import budget
+
+    memory = budget.gpu_memory(device) if memory_bytes is None else memory_bytes
+    if memory is None:
+        return config
+    need = budget.plan(NAME, config, memory)
+    t = config.train
+    pio = max(need.get(model_name("pio", None), 1), t.pio_train.accumulate)
+    nac = max([need.get(model_name("nac", p), 1) for p in config.priors] + [t.nac_train.accumulate])
+    t = replace(
+        t,
+        pio_train=replace(t.pio_train, accumulate=pio),
+        nac_train=replace(t.nac_train, accumulate=nac),
+    )
+    return replace(config, train=t)
+
+
+def train_task(config: TinyImageNetConfig, device, resume: bool, root, task: tuple) -> None:
+    """Train (into its checkpoint) the model of ``task = (seed, kind, prior)``: :func:`run`'s
+    loop, ahead of it in a worker process."""
+    seed, kind, prior = task
+    trained_model(kind, config, seed, None, device, prior, False, True, resume, root)
+
+
+def run(
+    config: TinyImageNetConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    root=None,
+    workers: int | None = None,
+) -> dict:
+    """Train (or load) every model at every seed and run every analysis; the results in the
+    harness schema (plain JSON).
+
+    ``models[name]["per_seed"]`` holds each seed's accuracy, history, drop / speed (/ edge)
+    curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
+    ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
+    The drop curves always include 0 and 0.8, the edge curves 0 and 0.9 (the claims need them).
+    ``workers``: the processes the models train in (:func:`harness.workers_for`); the analyses,
+    throughput included, run in this process alone.
+    """
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = select(CONFIGS, profile) if config is None else config
+    device = distributed.local_device() if distributed.is_distributed() else default_device()
+    config = fit_to_gpu(config, device)
+    data = load_data(config.train, root)
+    drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
+    edge_fr = sorted({0.0, EDGES_AT, *config.edge_fractions})
+    runs = [("pio", None)] + [("nac", p) for p in config.priors]
+    models = {model_name(k, p): {"kind": k, "prior": p, "per_seed": []} for k, p in runs}
+    diag = {model_name("nac", p): [] for p in config.priors}
+    # the NACs (the longest) first, so that the workers finish together
+    tasks = [(seed, kind, prior) for kind, prior in runs[::-1] for seed in config.seeds]
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(train_task, config, device, resume, root)
+    harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
+    for seed in config.seeds:
+        for kind, prior in runs:
+            name = model_name(kind, prior)
+            t0 = time.perf_counter()
+            model, history = trained_model(
+                kind, config, seed, data, device, prior, show_progress, cache, resume
+            )
+            r = {
+                "seed": seed,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "history": history,
+                "train_or_load_seconds": time.perf_counter() - t0,
+                **evaluate(model, data.x_val, data.y_val, config.eval_batch),
+            }
+            _drop_readings(r, kind, model, data, config, seed, drop_fr)
+            if kind == "nac":
+                r["edges"] = edge_curve(model, data, edge_fr, config.eval_batch)
+                full, e = point_at(r["drop"], 0.0)["top1"], point_at(r["edges"], EDGES_AT)["top1"]
+                r["lost_edges90"], r["relative_lost_edges90"] = full - e, relative_loss(full, e)
+                seed_everything(seed)  # the same initialisation as the trained model's
+                initial = build_model(kind, config.train, prior).to(device)
+                diag[name].append(
+                    {"seed": seed, **nac_diagnostics(model, initial, data, config.eval_batch)}
+                )
+            models[name]["per_seed"].append(r)
+    _summarise(models, diag)
+    partial = {
+        "models": models,
+        "config": {"train": {"classes": config.train.classes}},
+        "diagnostics": diag,
+    }
+    partial["regime"] = regime(partial)
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        diag,
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=partial["regime"],
+    )
+
+
+def _drop_readings(r: dict, kind: str, model, data, config: TinyImageNetConfig, seed: int, drop_fr):
+    """Into ``r``: the drop curves (a NAC in three orders, Perceiver IO in a random one), the
+    speed curve, and top-1, the loss and the speed-up at 80 % dropped."""
+    draws = config.random_draws
+    if kind == "nac":  # three orders: least connected first (App. F), random, most
+        for order in ("least", "random", "most"):
+            key = "drop" if order == "least" else f"drop_{order}"
+            r[key] = drop_curve(model, data, drop_fr, config.eval_batch, order, draws, seed)
+    else:  # Perceiver IO's latents have no order but a random one
+        r["drop"] = drop_curve(model, data, drop_fr, config.eval_batch, "random", draws, seed)
+    r["speed"] = speed_curve(
+        model, drop_fr, config.throughput_batch, config.throughput_repeats, seed
+    )
+    full = point_at(r["drop"], 0.0)["top1"]
+    for key, suffix in (("drop", ""), ("drop_random", "_random"), ("drop_most", "_most")):
+        if key in r:
+            at = point_at(r[key], DROP_AT)["top1"]
+            r[f"top1_at80{suffix}"], r[f"lost_at80{suffix}"] = at, full - at
+            r[f"relative_lost_at80{suffix}"] = relative_loss(full, at)
+    r["speedup_at80"] = (
+        point_at(r["speed"], DROP_AT)["samples_per_s"] / point_at(r["speed"], 0.0)["samples_per_s"]
+    )
+
+
+def _summarise(models: dict, diag: dict) -> None:
+    """Each reading over seeds, into ``models``; whether dropping matters for each NAC."""
+    for entry in models.values():
+        keys = ["top1", "top5", "top1_at80", "lost_at80", "relative_lost_at80", "speedup_at80"]
+        if entry["kind"] == "nac":
+            keys += [
+                "lost_edges90",
+                "relative_lost_edges90",
+                "top1_at80_random",
+                "lost_at80_random",
+                "top1_at80_most",
+                "lost_at80_most",
+            ]
+        for k in keys:
+            entry[k] = seed_stats(per_seed(entry["per_seed"], k))
+    for name in diag:  # the mechanism the dropping claims rely on: a diagnostic, not a gate
+        holds, reason = dropping_matters(models[name]["per_seed"])
+        models[name]["dropping_matters"] = {"holds": holds, "reason": reason}
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment_main(run, format_summary, __doc__, argv)

@@ -1,0 +1,99 @@
+"""What a training step runs on: mixed precision, the compiler where there is one, minibatches,
+and the counts and scores every experiment reports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+
+def minibatches(
+    n: int, batch_size: int, generator: torch.Generator, drop_last: bool = True
+) -> Iterator[Tensor]:
+    """Indices of one shuffled epoch over ``n`` samples, ``batch_size`` at a time."""
+    perm = torch.randperm(n, generator=generator)
+    end = n - n % batch_size if drop_last else n
+    for start in range(0, end, batch_size):
+        yield perm[start : start + batch_size]
+
+
+def amp_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype of mixed precision on ``device``: bfloat16 on a CUDA GPU with native
+    bf16 (Ampere and later: A100, H100, L4), float16 on one without (Colab's default T4, V100),
+    where :func:`fit` adds a gradient scaler; None elsewhere (a CPU trains in float32). Emulated
+    bf16 does not count: on a T4 it runs at a fraction of fp16's speed."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return (
+        torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    )
+
+
+def autocast(device: torch.device | str):
+    """Autocast to :func:`amp_dtype` on CUDA; a no-op context elsewhere."""
+    device = torch.device(device)
+    dtype = amp_dtype(device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def trainable_parameters(module: nn.Module) -> int:
+    """Number of scalar parameters with ``requires_grad``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def r2_score(pred: Tensor, target: Tensor) -> Tensor:
+    """Coefficient of determination per output column: ``1 - SS_res / SS_tot``.
+
+    Shapes: ``(n, k)`` -> ``(k,)`` (or ``(n,)`` -> scalar). Matches
+    ``sklearn.metrics.r2_score(target, pred, multioutput="raw_values")``.
+    """
+    if pred.shape != target.shape:
+        raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} differ")
+    pred, target = pred.double(), target.double()
+    ss_res = ((target - pred) ** 2).sum(0)
+    ss_tot = ((target - target.mean(0)) ** 2).sum(0)
+    return 1 - ss_res / ss_tot
+
+
+def compiler_available(device: torch.device | str) -> bool:
+    """Whether ``torch.compile``'s default backend (Inductor) can build kernels on ``device``: a
+    C++ compiler for the CPU, Triton for CUDA."""
+    if torch.device(device).type == "cuda":
+        import importlib.util
+
+        return importlib.util.find_spec("triton") is not None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception:  # no g++/clang++ on the PATH
+        return False
+    return True
+
+
+def maybe_compile(module: nn.Module, enabled: bool = False) -> nn.Module:
+    """``torch.compile(module)`` when ``enabled`` and the device has a compiler, else the module
+    itself (with a one-line notice when compiling was asked for). ``MODNETS_COMPILE=1`` / ``=0``
+    overrides ``enabled`` everywhere. Compiled code is cached per architecture: a second model of
+    the same configuration (the next seed) reuses it; changing which parameters train compiles
+    again."""
+    env = os.environ.get("MODNETS_COMPILE", "").strip().lower()
+    if env in ("1", "true", "yes", "0", "false", "no"):
+        enabled = env in ("1", "true", "yes")
+    if not enabled:
+        return module
+    device = next(module.parameters()).device
+    if not compiler_available(device):
+        warnings.warn(
+            f"torch.compile needs a compiler on {device.type}: training eagerly", stacklevel=2
+        )
+        return module
+    return torch.compile(module)
