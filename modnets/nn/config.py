@@ -17,7 +17,7 @@ _FUSED_ATTN: bool | None = None
 
 
 def _check(fused) -> None:
-    if fused not in (True, False, None) or isinstance(fused, int) and not isinstance(fused, bool):
+    if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"fused must be True, False or None, got {fused!r}")
 
 
