@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 import torch
@@ -19,3 +20,12 @@ def _private_checkpoints(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_enabled():
+    """Ctrl-C raises KeyboardInterrupt in the tests (and the processes they start), even when the
+    suite was started with it ignored (`nohup make test &`): several tests send a real SIGINT."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -74,6 +74,22 @@ def test_ctrl_c_during_the_last_evaluation_is_not_swallowed(tmp_path):
     assert hist["step"] == [1, 2] and hist["epoch"] == [1]  # nothing trained again
 
 
+def test_a_run_started_with_ctrl_c_ignored_keeps_it_ignored(tmp_path):
+    """`nohup cmd &` starts a process with SIGINT ignored: training must not turn it back on."""
+    model, cfg = nn.Linear(2, 1), TrainConfig(epochs=1, batch_size=2, lr=1e-3, amp=False)
+
+    def step(net, idx):
+        os.kill(os.getpid(), signal.SIGINT)
+        return net(torch.ones(len(idx), 2)).sum()
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        hist = fit(model, step, cfg, n=4, show_progress=False, state_path=tmp_path / "s.pt")
+        assert hist["step"] == [1, 2] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 #: Results measured with a clock (what differs between two runs of the same work): keys, and
 #: claims about speed.
 TIMED_KEYS = ("seconds", "samples_per_s", "speedup")

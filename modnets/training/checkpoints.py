@@ -189,15 +189,18 @@ class ResumableLoop:
                     raise KeyboardInterrupt
                 self._interrupted = True
 
-            self._old_handler = signal.signal(signal.SIGINT, handler)
-            # torchrun forwards Ctrl-C to its workers as SIGTERM: treat it the same way
-            self._old_term = signal.signal(signal.SIGTERM, handler)
+            # torchrun forwards Ctrl-C to its workers as SIGTERM: treat it the same way; a
+            # signal the process was started ignoring (`nohup cmd &`) stays ignored
+            self._old_handler = {
+                sig: signal.signal(sig, handler)
+                for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN
+            }
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._old_handler is not None:
-            signal.signal(signal.SIGINT, self._old_handler)
-            signal.signal(signal.SIGTERM, self._old_term)
+        for sig, old in (self._old_handler or {}).items():
+            signal.signal(sig, old)
         if exc_type is None:
             self.save()
             if getattr(self, "_interrupted", False):  # Ctrl-C after the last step: still a stop
