@@ -208,7 +208,7 @@ def test_the_interpreter_pools_its_streams_as_each_residual_says(residual):
     torch.testing.assert_close(out[:, 0], unmatched)
 
 
-def test_the_public_tiny_kernel_is_measured_beside_the_default_on_the_same_seeds(
+def test_the_public_tiny_kernel_and_prior_are_measured_beside_the_default_on_the_same_seeds(
     tmp_path, monkeypatch
 ):
     from test_tiny_imagenet_data import make_tree
@@ -225,16 +225,20 @@ def test_the_public_tiny_kernel_is_measured_beside_the_default_on_the_same_seeds
         smoke.train, classes=3, max_train_per_class=5, max_val_per_class=None, nac_train=nac_train
     )
     result = fidelity.compare("smoke", dataclasses.replace(smoke, train=train), 1, False)
-    default, public = (result["regimes"][r] for r in fidelity.REGIMES)
+    assert list(result["variants"]) == list(fidelity.VARIANTS)
+    default, public, prior = result["variants"].values()
     assert [r["seed"] for r in default["per_seed"]] == [r["seed"] for r in public["per_seed"]]
     assert public["nac"]["sample_kernel"] is False and "sample_kernel" not in default["nac"]
-    d = result["public_minus_default"]["top1"]
+    assert prior["nac"]["prior_loss"] == "public" and "prior_loss" not in public["nac"]
+    curve = public["per_seed"][0]["drop_curve"]
+    assert curve[0]["fraction"] == 0.0 and curve[0]["top1"] == public["per_seed"][0]["top1"]
+    d = result["minus_default"]["public-tiny"]["top1"]
     top1 = [
         b["top1"] - a["top1"] for a, b in zip(default["per_seed"], public["per_seed"], strict=True)
     ]
     assert d["mean"] == pytest.approx(sum(top1) / len(top1)) and d["low"] <= d["mean"] <= d["high"]
-    with pytest.raises(ValueError, match="regime"):
-        fidelity.regime_config(smoke, "public")
+    with pytest.raises(ValueError, match="variant"):
+        fidelity.variant_config(smoke, "public")
 
 
 def test_the_graph_weight_scales_the_prior_term_of_the_loss():

@@ -1,11 +1,12 @@
-"""The public NAC code's Tiny-ImageNet kernel beside modnets' default, on the same seeds.
+"""The public NAC code's Tiny-ImageNet kernel and prior loss beside modnets' defaults, same seeds.
 
 The public Tiny-ImageNet run truncates the kernel and never samples it, learns one bandwidth per
 kernel and leaves the read-out untruncated (:data:`modnets.models.nac.KERNEL_REGIMES`); modnets' default
-also samples, shares one bandwidth and truncates the read-out. Everything else is chapter 10's
+also samples, shares one bandwidth and truncates the read-out. Its prior loss is a mean over all
+pairs, summed over the kernels (``NACConfig.prior_loss="public"``). Everything else is chapter 10's
 configuration at the profile, so the default's NACs are the chapter's checkpoints. Per seed: top-1,
-top-1 lost with 80 % of the modules dropped least connected first (NAC App. F), and the learned
-circuit (mean off-diagonal ``P``, bandwidth); then the paired difference public - default with its
+the drop curve (modules dropped least connected first, NAC App. F) and the learned circuit (mean
+off-diagonal ``P``, bandwidth); then each variant's paired difference from the default with its
 95 % t-interval. The results are a record for book/fidelity.md, not a claim::
 
     python -m modnets.experiments.fidelity --profile cpu
@@ -31,15 +32,24 @@ from modnets.models.nac import KERNEL_REGIMES
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.utils import atomic_file, default_device
 
-REGIMES = ("modnets", "public-tiny")
+#: What each variant changes in chapter 10's NAC: nothing (modnets' default); the public Tiny-ImageNet
+#: run's kernel; that kernel with the public run's prior loss too (a mean over all U² pairs, summed
+#: over the kernels, weight 1: at the cpu profile's two kernels about twice the default's strength).
+VARIANTS = {
+    "modnets": {},
+    "public-tiny": KERNEL_REGIMES["public-tiny"],
+    "public-tiny, public prior": {**KERNEL_REGIMES["public-tiny"], "prior_loss": "public"},
+}
+DEFAULT = "modnets"
 PRIOR = "scale_free"
+KEYS = ("top1", "lost_at80", "mean_offdiagonal_P")
 
 
-def regime_config(config: ti.TinyImageNetConfig, regime: str) -> ti.TinyImageNetConfig:
-    """``config`` with its NAC's kernel set to ``regime`` (a key of ``KERNEL_REGIMES``)."""
-    if regime not in KERNEL_REGIMES:
-        raise ValueError(f"regime must be one of {list(KERNEL_REGIMES)}, got {regime!r}")
-    nac = {**config.train.nac, **KERNEL_REGIMES[regime]}
+def variant_config(config: ti.TinyImageNetConfig, variant: str) -> ti.TinyImageNetConfig:
+    """``config`` with its NAC changed as :data:`VARIANTS` ``[variant]`` says."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
+    nac = {**config.train.nac, **VARIANTS[variant]}
     return replace(config, train=replace(config.train, nac=nac), priors=(PRIOR,))
 
 
@@ -53,43 +63,53 @@ def paired(a: list[float], b: list[float]) -> dict:
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(d)}
 
 
+def _seed_row(model, data, config: ti.TinyImageNetConfig, seed: int) -> dict:
+    """One trained NAC's top-1, its drop curve (least connected first, NAC App. F) and circuit."""
+    fractions = sorted({0.0, *config.drop_fractions, ti.DROP_AT})
+    curve = ti.drop_curve(model, data, fractions, config.eval_batch)
+    top1 = {point["fraction"]: point["top1"] for point in curve}
+    circuit = diagnostics.circuit(model)
+    return {
+        "seed": seed,
+        "top1": top1[0.0],
+        "lost_at80": top1[0.0] - top1[ti.DROP_AT],
+        "drop_curve": [{"fraction": f, "top1": t} for f, t in top1.items()],
+        "mean_offdiagonal_P": circuit["mean_offdiagonal_P"],
+        "bandwidth": circuit["bandwidth"],
+    }
+
+
 def compare(
     profile: str | None = None,
     config: ti.TinyImageNetConfig | None = None,
     workers: int | None = None,
     show_progress: bool = True,
 ) -> dict:
-    """Train (or load) the NAC of each regime at every seed of chapter 10's ``profile`` config
-    (or of ``config``)."""
+    """Train (or load) the NAC of each variant at every seed of chapter 10's ``profile`` config
+    (or of ``config``); each variant's per-seed results and its paired difference from the
+    default (``minus_default[variant][key]``)."""
     profile = get_profile(profile)
     base = select(ti.CONFIGS, profile) if config is None else config
     device = default_device()
     data = ti.load_data(base.train)
     workers = harness.workers_for(workers, profile, device)
-    out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "regimes": {}}
-    for regime in REGIMES:
-        config = regime_config(base, regime)
+    out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "variants": {}}
+    for variant in VARIANTS:
+        config = variant_config(base, variant)
         train = functools.partial(ti.train_task, config, device, False, None)
         tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
-        harness.train_ahead(train, tasks, workers, True, f"NACs ({regime})", show_progress)
+        harness.train_ahead(train, tasks, workers, True, f"NACs ({variant})", show_progress)
         rows = []
         for seed in config.seeds:
             model, _ = ti.trained_model("nac", config, seed, data, device, PRIOR, show_progress)
-            drop = ti.drop_curve(model, data, (0.0, ti.DROP_AT), config.eval_batch)
-            circuit = diagnostics.circuit(model)
-            rows.append(
-                {
-                    "seed": seed,
-                    "top1": drop[0]["top1"],
-                    "lost_at80": drop[0]["top1"] - drop[1]["top1"],
-                    "mean_offdiagonal_P": circuit["mean_offdiagonal_P"],
-                    "bandwidth": circuit["bandwidth"],
-                }
-            )
-        out["regimes"][regime] = {"nac": config.train.nac, "per_seed": rows}
-    a, b = (out["regimes"][r]["per_seed"] for r in REGIMES)
-    keys = ("top1", "lost_at80", "mean_offdiagonal_P")
-    out["public_minus_default"] = {k: paired([r[k] for r in a], [r[k] for r in b]) for k in keys}
+            rows.append(_seed_row(model, data, config, seed))
+        out["variants"][variant] = {"nac": config.train.nac, "per_seed": rows}
+    default = out["variants"][DEFAULT]["per_seed"]
+    out["minus_default"] = {
+        variant: {k: paired([r[k] for r in default], [r[k] for r in v["per_seed"]]) for k in KEYS}
+        for variant, v in out["variants"].items()
+        if variant != DEFAULT
+    }
     return out
 
 
@@ -104,8 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     result = compare(profile, workers=args.workers)
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(result, indent=1))
-    for key, d in result["public_minus_default"].items():
-        print(f"{key}: public - default {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
+    for variant, diffs in result["minus_default"].items():
+        for key, d in diffs.items():
+            print(
+                f"{variant} - {DEFAULT}, {key}: {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+            )
     print(f"results: {path}")
 
 
