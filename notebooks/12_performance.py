@@ -34,8 +34,8 @@ if "google.colab" in sys.modules:
 # median over blocks), so the **ratios** carry over between machines even when absolute times do
 # not. The sides of a ratio take turns, in three rounds, and each keeps its fastest round: a burst
 # of load from elsewhere on a shared machine then slows a round of both sides, not one side. At
-# the `cpu` profile five slow benchmarks are not run here but read from one recorded run of the
-# same suite (the first cell's output names them and says where and when it ran).
+# the `cpu` profile six slow benchmarks are not run here but read from two recorded runs of the
+# same suite (the first cell's output names them and says where and when each ran).
 #
 # | # | question | target |
 # |---|---|---|
@@ -73,16 +73,18 @@ print(
     torch.__version__,
 )
 # At cpu, the slowest benchmarks (seven compilations, the thread policy's fresh
-# processes, whole training steps) outlast this chapter's budget: their rows are
-# read from one recorded run of the bench, and the rest are timed here.
-RECORDED = {"cpu": Path("../bench/recorded/cpu.json")}
+# processes, whole training steps, profiled steps) outlast this chapter's budget:
+# their rows are read from recorded runs of the bench, and the rest are timed here.
+RECORDED = {"cpu": ["cpu.json", "cpu_gemm_bound.json"]}
 recorded = {}
-if PROFILE in RECORDED and RECORDED[PROFILE].exists():
-    run = json.loads(RECORDED[PROFILE].read_text())
-    recorded = run["results"]
-    where = f"{run['machine']}, {run['threads']} threads, torch {run['torch']}"
-    names, when = ", ".join(recorded), run["recorded"]
-    print(wrap(f"Read from a run of python -m bench on {where}, {when}: {names}."))
+for file in RECORDED.get(PROFILE, []):
+    path = Path("../bench/recorded") / file
+    if path.exists():
+        run = json.loads(path.read_text())
+        recorded |= run["results"]
+        where = f"{run['machine']}, {run['threads']} threads, torch {run['torch']}"
+        names, when = ", ".join(run["results"]), run["recorded"]
+        print(wrap(f"Read from a run of python -m bench on {where}, {when}: {names}."))
 live = [name for name in benchmarks.BENCHMARKS if name not in recorded]
 measured = benchmarks.run_all(PROFILE, only=live)["results"] | recorded
 results = {name: measured[name] for name in benchmarks.BENCHMARKS}
@@ -460,6 +462,36 @@ plt.tight_layout()
 # fuses into a few loops; a step that is mostly large matmuls or convolutions has little to fuse
 # (the line above the plot names the largest and the smallest gain of this run). At the `smoke`
 # profile every step is the plain one, so there is nothing to compare.
+
+# %% [markdown]
+# ### 9b. How much faster a step could get
+#
+# A compiler can fuse the element-wise work around the matrix products and drop Python's
+# overhead, but the products themselves (`mm`, `addmm`, `bmm`, convolutions, the fused
+# attention kernel) run the same library kernels at the same shapes. Their time in the plain
+# eager step, timed where the dispatcher runs them, bounds what compiling can gain: the *ceiling* is
+# the eager step's time over its products' time. At `cpu` this row is read from
+# `bench/recorded/cpu_gemm_bound.json` (`python -m bench --profile cpu --only gemm_bound --out
+# bench/recorded/cpu_gemm_bound.json` writes it).
+
+# %% tags=["hide-input"]
+r = results["gemm_bound"]
+print(benchmarks.format_result(r))
+names = [row["model"] for row in r["rows"]]
+fig, ax = plt.subplots(figsize=(6, 2.8))
+ax.barh(
+    names, [row["ceiling"] for row in r["rows"]], label="ceiling (eager / products)"
+)
+ax.axvline(1.4, color="tab:red", ls="--", lw=0.8, label="target 1.4x")
+ax.set_xlabel("largest speed-up over the plain eager step at these shapes")
+ax.legend(fontsize=7)
+plt.tight_layout()
+
+# %% [markdown]
+# What to see: a bar left of the dashed line is a model that cannot reach the train-steps target
+# by compiling, fusing or removing Python overhead: its step is mostly matrix products already,
+# and only larger matrices (a larger batch or width, which change the experiment) would run them
+# closer to the machine's peak.
 
 # %% [markdown]
 # ## 10. Seeds side by side

@@ -23,7 +23,12 @@ from modnets.benchmarks.ni import (
     bench_ni_memory,
     bench_ni_vs_transformer,
 )
-from modnets.benchmarks.steps import bench_seed_workers, bench_thread_policy, bench_train_steps
+from modnets.benchmarks.steps import (
+    bench_gemm_bound,
+    bench_seed_workers,
+    bench_thread_policy,
+    bench_train_steps,
+)
 from modnets.profiles import get_profile, select
 
 BENCHMARKS = {
@@ -41,6 +46,7 @@ BENCHMARKS = {
     "flop_utilisation": bench_flop_utilisation,
     "many_modules": bench_many_modules,
     "train_steps": bench_train_steps,
+    "gemm_bound": bench_gemm_bound,
     "seed_workers": bench_seed_workers,
 }
 
