@@ -337,9 +337,10 @@ def gemm_time(step: Callable[[], None], steps: int = 3) -> tuple[float, dict[str
 
 def bench_gemm_bound(cfg: BenchConfig, device) -> dict:
     """How fast each experiment's step could get without changing its shapes: the plain eager
-    step's time over the time its matrix products take (``ceiling``), beside the speed-up as run.
-    A step whose ceiling is below 1.4x cannot reach the train-steps target by compiling, fusing
-    or removing Python overhead: only larger matrices (batches, widths) would."""
+    step's time over the time its matrix products take (``ceiling``), each side's fastest of
+    ``cfg.rounds`` interleaved rounds. A step whose ceiling is below 1.4x cannot reach the
+    train-steps target by compiling, fusing or removing Python overhead: only larger matrices
+    (batches, widths) would."""
     plain = dict(compile=False, fused=False, amp=False)
     rows = []
     for name, (build, x, config) in _experiment_models(cfg).items():
