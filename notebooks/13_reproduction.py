@@ -147,6 +147,18 @@ nfm = show_paper("Neural Function Modules")
 forest(nfm)
 
 # %% [markdown]
+# ## Side by side (ours)
+#
+# Chapter 11b's claims are our own: each architecture's promise tested against its plain
+# counterpart on one shared task. They are never counted as reproductions.
+
+# %%
+side, side_results, side_missing = report.load_claims(("side_by_side",), PROFILE)
+for m in side_missing:
+    print("missing:", m)
+report.claims_table(side, "ours")
+
+# %% [markdown]
 # ## The rule-change log
 #
 # Every rule above is pinned: a test compares each rule's fingerprint with the newest entry for it

@@ -113,6 +113,7 @@ DATA = {
     "digits": ("MNIST/raw", "KMNIST/raw", "MNIST-M/mnist_m"),
     "tiny_imagenet": ("TinyImageNet/tiny-imagenet-200",),
     "stacked_mnist": ("MNIST/raw",),
+    "side_by_side": ("MNIST/raw", "KMNIST/raw"),
 }
 
 

@@ -20,7 +20,7 @@ from modnets.experiments.core import fingerprints, harness, report
 from modnets.models.ni import NeuralInterpreter, NIConfig
 from modnets.training import CheckpointError, TrainConfig, fit
 
-EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
+EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist", "side_by_side")
 
 
 # ----------------------------------------------------------------------------- fit
@@ -465,6 +465,7 @@ DRY_RUNS = {
         False,
     ),
     "stacked_mnist": ({"CNN", "NFM(CNN)"}, True),  # gamma = 0 at first: the NFM reads are silent
+    "side_by_side": ({"CNN", "NFM(CNN)", "ViT", "NI", "Perceiver IO", "NAC"}, True),
 }
 
 

@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from test_digits_data import fake_mnist
 
 from modnets.data import digits as digits_data
-from modnets.data.stacked_mnist import downsample, make_canvases, sample_positions
+from modnets.data.stacked_mnist import (
+    downsample,
+    grid_positions,
+    make_canvases,
+    sample_positions,
+)
 from modnets.experiments import stacked_mnist as sm
 from modnets.experiments.core import harness
 from modnets.experiments.core.results import load_results, save_results
@@ -76,8 +81,25 @@ def test_canvases_are_seeded_and_positions_cover_the_canvas():
     assert ((gap >= 16).any(-1) | np.eye(5, dtype=bool)).all()
 
 
+def test_the_grid_layout_puts_each_digit_in_a_cell_of_its_own_uniformly():
+    images, labels = digit_images()
+    data = make_canvases(images, labels, 400, 3, seed=0, canvas_size=32, layout="grid")
+    pos = data.positions.numpy()
+    assert set(np.unique(pos)) == {0, 16}  # corners of the four 16px cells, never between
+    cells = pos[..., 0] // 16 * 2 + pos[..., 1] // 16
+    assert all(len(set(row)) == 3 for row in cells.tolist())  # distinct cells
+    assert np.bincount(cells.ravel(), minlength=4).min() > 250  # each of 4 cells ~300 times
+    assert (data.targets.sum(1) == 3).all()
+    with pytest.raises(ValueError, match="multiple of digit_size"):
+        grid_positions(1, 1, np.random.default_rng(0), 30, 16)
+    with pytest.raises(ValueError, match="4 cells"):
+        make_canvases(images, labels, 2, 5, canvas_size=32, layout="grid")
+
+
 def test_bad_arguments():
     images, labels = digit_images()
+    with pytest.raises(ValueError, match="layout"):
+        make_canvases(images, labels, 4, 2, layout="spiral")
     with pytest.raises(ValueError, match="num_digits"):
         make_canvases(images, labels, 4, 11)
     with pytest.raises(ValueError, match="every class"):

@@ -34,6 +34,7 @@ __all__ = [
     "StackedMNIST",
     "downsample",
     "sample_positions",
+    "grid_positions",
     "make_canvases",
     "load_stacked_mnist",
 ]
@@ -105,6 +106,31 @@ def sample_positions(
     )
 
 
+def grid_positions(
+    n: int,
+    num_digits: int,
+    rng: np.random.Generator,
+    canvas_size: int = CANVAS_SIZE,
+    digit_size: int = DIGIT_SIZE,
+) -> np.ndarray:
+    """Top-left corners ``(n, num_digits, 2)`` of distinct cells of the canvas cut into a grid
+    of ``digit_size`` squares, drawn uniformly: every digit sits exactly in one cell."""
+    if canvas_size % digit_size:
+        raise ValueError(
+            f"canvas_size={canvas_size} must be a multiple of digit_size={digit_size} "
+            "for the grid layout"
+        )
+    k = canvas_size // digit_size
+    if num_digits > k * k:
+        raise ValueError(f"num_digits={num_digits} exceeds the grid's {k * k} cells")
+    cells = np.argsort(rng.random((n, k * k)), axis=1)[:, :num_digits]
+    return np.stack([cells // k, cells % k], axis=-1) * digit_size
+
+
+#: How digits are placed: anywhere without overlap, or in the cells of a grid.
+LAYOUTS = {"free": sample_positions, "grid": grid_positions}
+
+
 def make_canvases(
     images: np.ndarray,
     labels: np.ndarray,
@@ -113,6 +139,7 @@ def make_canvases(
     seed: int = 0,
     canvas_size: int = CANVAS_SIZE,
     digit_size: int = DIGIT_SIZE,
+    layout: str = "free",
 ) -> StackedMNIST:
     """``num_canvases`` canvases of ``num_digits`` digits of distinct classes each.
 
@@ -120,7 +147,10 @@ def make_canvases(
         images: uint8 ``(N, H, W)`` digit images (any size; downsampled to ``digit_size``).
         labels: ``(N,)`` classes in ``0..9``; every class must occur.
         seed: the canvases are a function of the images, labels and seed alone.
+        layout: a key of :data:`LAYOUTS`.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
     if not 1 <= num_digits <= NUM_CLASSES:
         raise ValueError(f"num_digits must be in 1..{NUM_CLASSES}, got {num_digits}")
     if num_canvases < 0:
@@ -140,7 +170,7 @@ def make_canvases(
     start = np.concatenate([[0], np.cumsum(counts)[:-1]])
     pick = start[classes] + (rng.random(classes.shape) * counts[classes]).astype(np.int64)
     chosen = small[order[pick]]  # (n, d, s, s)
-    pos = sample_positions(num_canvases, num_digits, rng, canvas_size, digit_size)
+    pos = LAYOUTS[layout](num_canvases, num_digits, rng, canvas_size, digit_size)
     canvas = np.zeros((num_canvases, canvas_size, canvas_size), dtype=np.uint8)
     rows = np.arange(num_canvases)[:, None, None]
     offs = np.arange(digit_size)

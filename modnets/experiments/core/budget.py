@@ -46,7 +46,7 @@ __all__ = [
     "main",
 ]
 
-EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist")
+EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist", "side_by_side")
 
 
 @dataclass(frozen=True)

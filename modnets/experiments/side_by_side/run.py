@@ -1,0 +1,164 @@
+"""NI, NAC and NFM beside their plain counterparts on one stacked-MNIST task and one budget: the
+whole experiment at every claim seed, its results file and its command line.
+
+Run ``python -m modnets.experiments.side_by_side --profile cpu --out results.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.side_by_side.analysis import costs, drop_scores
+from modnets.experiments.side_by_side.claims import claims, format_summary, regime_of
+from modnets.experiments.side_by_side.config import CONFIGS, MODELS, NAME, SideBySideConfig
+from modnets.experiments.side_by_side.data import inputs, test_data, training_data
+from modnets.experiments.side_by_side.models import (
+    TRAIN_CODE,
+    adapt,
+    build_model,
+    droppable,
+    loss,
+    mean_exact,
+    trained_model,
+)
+from modnets.profiles import get_profile, select
+from modnets.utils import default_device
+
+#: The models by their training time per step on this task, slowest first.
+HEAVIEST_FIRST = ("ni", "nfm", "nac", "pio", "cnn", "vit")
+
+
+def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
+    """Every model of ``config`` and its training loss on two random canvases of the real
+    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
+    t = config.train
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 1, t.canvas, t.canvas), generator=g, dtype=torch.uint8)
+    y = torch.zeros(2, 10)
+    y[0, 3] = y[1, [1, 5]] = 1.0
+    x = inputs(images, "cpu")
+    steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
+    return [
+        harness.DryRun(
+            name,
+            build_model(kind, t, seed=0),
+            lambda m: loss(m, x, y),
+            samples=2,
+            batch_size=t.batch_size,
+            steps=steps,
+        )
+        for kind, name in MODELS.items()
+    ]
+
+
+def _train_task(config: SideBySideConfig, device, resume: bool, task: tuple) -> None:
+    """Train (into checkpoints) model ``kind`` at ``seed`` and learning rate ``lr``."""
+    seed, kind, lr = task
+    trained_model(kind, config, seed, lr, None, device, False, True, resume)
+
+
+def choose_rates(config, data, device, show_progress, cache, resume) -> dict:
+    """Per model, the learning rate of ``config.train.lrs`` with the best validation accuracy
+    averaged over the selection seeds (ties: the smaller rate): ``{kind: {"lr", "scores"}}``."""
+    out = {}
+    for kind in MODELS:
+        scores = {}
+        for lr in config.train.lrs:
+            accs = []
+            for seed in config.selection_seeds:
+                model, _ = trained_model(
+                    kind, config, seed, lr, data, device, show_progress, cache, resume
+                )
+                accs.append(mean_exact(model, data["val"], config.eval_batch))
+            scores[lr] = float(np.mean(accs))
+        out[kind] = {"lr": max(scores, key=lambda r: (scores[r], -r)), "scores": scores}
+    return out
+
+
+def select_rates(config, data, device, workers, show_progress, cache, resume) -> dict:
+    """Train every model at every rate of ``config.train.lrs`` on the selection seeds (side by
+    side in ``workers`` processes) and :func:`choose_rates` from them."""
+    train = functools.partial(_train_task, config, device, resume)
+    lrs = config.train.lrs
+    selection = [(s, k, lr) for k in HEAVIEST_FIRST for lr in lrs for s in config.selection_seeds]
+    harness.train_ahead(train, selection, workers, cache, "selection", show_progress)
+    return choose_rates(config, data, device, show_progress, cache, resume)
+
+
+def run(
+    config: SideBySideConfig | None = None,
+    profile: str | None = None,
+    show_progress: bool = True,
+    cache: bool = True,
+    resume: bool = False,
+    workers: int | None = None,
+) -> dict:
+    """Choose each model's learning rate on the selection seeds (unless ``config`` holds the
+    rates a selection run recorded), train (or load) every model at every claim seed and measure
+    it; the results in the harness schema (plain JSON).
+
+    ``models[name]["per_seed"]`` holds per seed ``iid`` (mean exact-match on the trained digit
+    counts), ``ood`` (on the held-out counts), ``few_shot`` (K-MNIST after adapting from a few
+    canvases) and, where the model allows it, ``kept_at_50`` / ``kept_at_80`` (exact-match with
+    half / 80 % of its modules or functions dropped, minus the full model's);
+    ``models[name]["costs"]`` the parameters, FLOPs and step and inference times beside the
+    CNN's, measured in this process one model after another."""
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = select(CONFIGS, profile) if config is None else config
+    device = default_device()
+    data = training_data(config.train)
+    workers = harness.workers_for(workers, profile, device)
+    train = functools.partial(_train_task, config, device, resume)
+    if config.learning_rates is None:
+        rates = select_rates(config, data, device, workers, show_progress, cache, resume)
+    else:
+        rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
+    # the slowest models first, so that the two workers finish together
+    claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
+    harness.train_ahead(train, claim_tasks, workers, cache, "models", show_progress)
+    models = {name: {"per_seed": [], "lr": rates[k]} for k, name in MODELS.items()}
+    last = {}
+    for seed in config.seeds:
+        tests = test_data(config, seed)
+        for kind, name in MODELS.items():
+            lr = rates[kind]["lr"]
+            model, history = trained_model(
+                kind, config, seed, lr, data, device, show_progress, cache, resume
+            )
+            row = {"seed": seed, "history": history}
+            row["iid"] = mean_exact(model, tests["iid"], config.eval_batch)
+            row["ood"] = mean_exact(model, tests["ood"], config.eval_batch)
+            row["few_shot"] = adapt(model, tests, config, lr, seed)
+            if droppable(kind):
+                for f, acc in drop_scores(model, tests["iid"], config, seed).items():
+                    row[f"kept_at_{round(100 * f)}"] = acc - row["iid"]
+            models[name]["per_seed"].append(row)
+            last[name] = model
+    for name, c in costs(last, config).items():
+        models[name]["costs"] = c
+    partial = {"config": asdict(config), "models": models}
+    reg = regime_of(partial, list(models))
+    return harness.results_dict(
+        NAME,
+        profile,
+        config,
+        config.seeds,
+        models,
+        {"learning_rates": {MODELS[k]: v for k, v in rates.items()}},
+        claims(partial),
+        harness.provenance(start, TRAIN_CODE),
+        selection_seeds=config.selection_seeds,
+        regime=reg,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    experiment_main(run, format_summary, __doc__, argv)

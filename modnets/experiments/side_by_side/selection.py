@@ -1,0 +1,66 @@
+"""The side-by-side models' learning rates, chosen on the selection seeds alone and recorded, so
+that the chapter trains only its claim seeds.
+
+Run ``python -m modnets.experiments.side_by_side.selection --profile cpu``: it writes
+``bench/recorded/side_by_side_rates_cpu.json``; the profile's configuration then names the
+chosen rates (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from modnets.experiments.core import harness
+from modnets.experiments.side_by_side.config import CONFIGS, MODELS, recorded_path
+from modnets.experiments.side_by_side.data import training_data
+from modnets.experiments.side_by_side.models import TRAIN_CODE
+from modnets.experiments.side_by_side.run import select_rates
+from modnets.profiles import PROFILES, get_profile, select
+from modnets.utils import atomic_file, default_device
+
+
+def selection(profile: str | None = None, workers: int | None = None, show_progress=True) -> dict:
+    """Every model trained at every candidate rate on the selection seeds of ``profile``'s
+    configuration; ``learning_rates`` (``{kind: lr}``) and each rate's validation accuracy."""
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = replace(select(CONFIGS, profile), learning_rates=None)
+    device = default_device()
+    workers = harness.workers_for(workers, profile, device)
+    data = training_data(config.train)
+    rates = select_rates(config, data, device, workers, show_progress, True, False)
+    return {
+        "profile": profile,
+        "selection_seeds": list(config.selection_seeds),
+        "candidates": list(config.train.lrs),
+        "learning_rates": {k: r["lr"] for k, r in rates.items()},
+        "val_exact": {
+            MODELS[k]: {str(lr): a for lr, a in r["scores"].items()} for k, r in rates.items()
+        },
+        "provenance": harness.provenance(start, TRAIN_CODE),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=PROFILES, default=None)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result = selection(args.profile, args.workers)
+    path = args.out or recorded_path(result["profile"])
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
+    for kind, lr in result["learning_rates"].items():
+        print(
+            f"{MODELS[kind]}: lr {lr:g}  (validation exact-match {result['val_exact'][MODELS[kind]]})"
+        )
+    print(f"recorded: {path}")
+
+
+if __name__ == "__main__":
+    main()
