@@ -96,7 +96,8 @@ def test_the_advice_names_the_best_model_and_whether_its_lead_is_clear():
 
 
 @pytest.mark.skipif(
-    not (data_root() / "KMNIST" / "raw").exists(), reason="the MNIST / K-MNIST data is not here"
+    not all((data_root() / d / "raw").exists() for d in ("MNIST", "KMNIST")),
+    reason="the MNIST / K-MNIST data is not here",
 )
 def test_the_test_canvases_hold_their_digit_counts_and_change_with_the_seed():
     config = dataclasses.replace(sbs.CONFIGS["smoke"], test_per_count=16)
@@ -114,6 +115,9 @@ def test_the_profiles_rates_are_the_recorded_selection():
             continue
         assert record.exists(), f"{profile} names rates but {record} is missing"
         chosen = json.loads(record.read_text())
+        # chosen under this very training setup (else rerun the selection command)
+        assert chosen["train"] == json.loads(json.dumps(dataclasses.asdict(config.train)))
+        assert chosen["candidates"] == list(config.train.lrs)
         assert chosen["learning_rates"] == config.learning_rates
         assert chosen["selection_seeds"] == list(config.selection_seeds)
         assert not set(config.selection_seeds) & set(config.seeds)
@@ -121,6 +125,45 @@ def test_the_profiles_rates_are_the_recorded_selection():
 
 
 def test_the_training_order_names_every_model_once():
-    from modnets.experiments.side_by_side.run import HEAVIEST_FIRST
+    from modnets.experiments.side_by_side.rates import HEAVIEST_FIRST
 
     assert sorted(HEAVIEST_FIRST) == sorted(sbs.MODELS)
+
+
+def test_the_summary_fits_the_books_88_columns_with_the_widest_values():
+    wide = {m: [-0.999, 0.5, 0.01] for m in sbs.MEASURES}
+    results = _results({name: wide for name in sbs.MODELS.values()})
+    results["profile"], results["seeds"] = "cpu", [0, 1, 2]
+    for name in results["models"]:
+        results["models"][name]["costs"] = {
+            "parameters": 101_380,
+            "gflops": 0.027,
+            "step_vs_cnn": 13.79,
+            "infer_vs_cnn": 0.22,
+        }
+    lines = sbs.format_summary(results).splitlines()
+    assert max(map(len, lines)) <= 88, max(lines, key=len)
+    assert all(any(line.startswith(n) for line in lines) for n in sbs.MODELS.values())
+
+
+def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_smaller(monkeypatch):
+    from modnets.experiments.side_by_side import rates
+
+    config = dataclasses.replace(
+        sbs.CONFIGS["smoke"], train=dataclasses.replace(TRAIN, lrs=(1e-3, 3e-3, 1e-2))
+    )
+    accuracy = {"cnn": {1e-3: 0.5, 3e-3: 0.7, 1e-2: 0.6}}  # the rest: a tie at 0.4
+
+    def trained(kind, config, seed, lr, *args):
+        assert seed in config.selection_seeds  # never a claim seed
+        return (kind, lr), {}
+
+    def score(model, data, batch):
+        kind, lr = model
+        return accuracy.get(kind, {}).get(lr, 0.4)
+
+    monkeypatch.setattr(rates, "trained_model", trained)
+    monkeypatch.setattr(rates, "mean_exact", score)
+    chosen = rates.choose_rates(config, {"val": None}, "cpu", False, True, False)
+    assert chosen["cnn"]["lr"] == 3e-3 and chosen["cnn"]["scores"][1e-2] == 0.6
+    assert all(chosen[k]["lr"] == 1e-3 for k in sbs.MODELS if k != "cnn")

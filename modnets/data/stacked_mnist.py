@@ -14,6 +14,9 @@ Choices where App. C is silent (each stated in chapter 11):
   boxes collide), so every digit is fully visible; pixels are combined by maximum anyway;
 * each digit image is drawn at random (with replacement) from its class in the given images.
 
+``layout="grid"`` (:data:`LAYOUTS`) instead puts each digit exactly in its own cell of the canvas
+cut into ``digit_size`` squares (the side-by-side chapter's easier task).
+
 :func:`make_canvases` works on any uint8 ``(N, 28, 28)`` images; :func:`load_stacked_mnist`
 builds canvases from the MNIST train or test split (:func:`modnets.data.digits.load_mnist`).
 """
@@ -35,6 +38,7 @@ __all__ = [
     "downsample",
     "sample_positions",
     "grid_positions",
+    "LAYOUTS",
     "make_canvases",
     "load_stacked_mnist",
 ]

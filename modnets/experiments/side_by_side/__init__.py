@@ -15,8 +15,8 @@ Run ``python -m modnets.experiments.side_by_side --profile cpu --out results.jso
 
 One file per job, as in every experiment: ``config``, ``data``, ``models``, ``analysis`` (the
 dropped modules and the costs), ``claims`` (our claims as tests, and the computed advice) and
-``run`` (the experiment and its command line); ``selection`` records the learning rates the
-selection seeds choose, for a profile that names them.
+``rates`` (the learning rates chosen on the selection seeds) and ``run`` (the experiment and its
+command line); ``selection`` records the chosen rates, for a profile that names them.
 """
 
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
@@ -36,6 +36,7 @@ from modnets.experiments.side_by_side.config import (
     MODELS,
     NAME,
     PAPER,
+    ZERO_GRAD_AT_INIT,
     SideBySideConfig,
     SideBySideTrain,
     recorded_path,
@@ -54,7 +55,8 @@ from modnets.experiments.side_by_side.models import (
     train,
     trained_model,
 )
-from modnets.experiments.side_by_side.run import choose_rates, dry_run, main, run, select_rates
+from modnets.experiments.side_by_side.rates import choose_rates, select_rates
+from modnets.experiments.side_by_side.run import dry_run, main, run
 
 __all__ = [
     "ARCH",
@@ -68,6 +70,7 @@ __all__ = [
     "SideBySideConfig",
     "SideBySideTrain",
     "TRAIN_CODE",
+    "ZERO_GRAD_AT_INIT",
     "adapt",
     "advice",
     "build_model",

@@ -12,6 +12,7 @@ from torch import nn
 
 from modnets.experiments.side_by_side.config import SideBySideConfig
 from modnets.experiments.side_by_side.models import dropped, loss, mean_exact
+from modnets.models.nac import NeuralAttentiveCircuit
 
 
 def drop_scores(model: nn.Module, iid: dict, config: SideBySideConfig, seed: int) -> dict:
@@ -19,7 +20,7 @@ def drop_scores(model: nn.Module, iid: dict, config: SideBySideConfig, seed: int
     modules dropped, the mean over ``drop_draws`` draws (one for the NAC's ranked order)."""
     out = {}
     for f in config.drop_fractions:
-        draws = 1 if type(model).__name__ == "NeuralAttentiveCircuit" else config.drop_draws
+        draws = 1 if isinstance(model, NeuralAttentiveCircuit) else config.drop_draws
         scores = [
             mean_exact(dropped(model, f, 1000 * seed + k), iid, config.eval_batch)
             for k in range(draws)

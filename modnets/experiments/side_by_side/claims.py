@@ -30,6 +30,15 @@ MEASURES = {
     "kept_at_80": ("kept, 80 % dropped (pts)", True),
 }
 
+#: The measures' column heads in the plain-text summary, which fits 88 characters.
+SHORT = {
+    "iid": "IID %",
+    "ood": "3 digits %",
+    "few_shot": "K-MNIST %",
+    "kept_at_50": "50% off pts",
+    "kept_at_80": "80% off pts",
+}
+
 
 def per_seed(results: dict, name: str, measure: str) -> list[float]:
     """One value of ``measure`` per claim seed for model ``name`` (``nan`` where it has none)."""
@@ -68,17 +77,17 @@ def _interval(values: list[float]) -> tuple[float, float]:
 
 
 def format_summary(results: dict) -> str:
-    """Mean ± 95 % half-width over seeds per model and measure (accuracies in %), then the
-    parameters, forward GFLOPs and the costs beside the CNN's."""
+    """Mean ± 95 % half-width over seeds per model and measure (accuracies in %; columns
+    :data:`SHORT`), then the parameters, forward GFLOPs and the costs beside the CNN's."""
     names = list(results["models"])
-    head = f"{'model':<13}" + "".join(f"{label:>26}" for label, _ in MEASURES.values())
+    head = f"{'model':<13}" + "".join(f"{SHORT[m]:>15}" for m in MEASURES)
     lines = [f"profile: {results['profile']}, {len(results['seeds'])} seeds", head]
     for n in names:
         cells = []
         for m in MEASURES:
             mean, half = _interval(per_seed(results, n, m))
             cells.append("-" if np.isnan(mean) else f"{100 * mean:.1f} ± {100 * half:.1f}")
-        lines.append(f"{n:<13}" + "".join(f"{c:>26}" for c in cells))
+        lines.append(f"{n:<13}" + "".join(f"{c:>15}" for c in cells))
     lines.append(
         f"{'model':<13}{'parameters':>12}{'GFLOPs':>9}{'step vs CNN':>13}{'infer vs CNN':>14}"
     )

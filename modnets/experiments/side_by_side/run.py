@@ -10,7 +10,6 @@ import functools
 import time
 from dataclasses import asdict
 
-import numpy as np
 import torch
 
 from modnets.experiments.core import harness
@@ -28,11 +27,9 @@ from modnets.experiments.side_by_side.models import (
     mean_exact,
     trained_model,
 )
+from modnets.experiments.side_by_side.rates import HEAVIEST_FIRST, select_rates, train_task
 from modnets.profiles import get_profile, select
 from modnets.utils import default_device
-
-#: The models by their training time per step on this task, slowest first.
-HEAVIEST_FIRST = ("ni", "nfm", "nac", "pio", "cnn", "vit")
 
 
 def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
@@ -56,40 +53,6 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
         )
         for kind, name in MODELS.items()
     ]
-
-
-def _train_task(config: SideBySideConfig, device, resume: bool, task: tuple) -> None:
-    """Train (into checkpoints) model ``kind`` at ``seed`` and learning rate ``lr``."""
-    seed, kind, lr = task
-    trained_model(kind, config, seed, lr, None, device, False, True, resume)
-
-
-def choose_rates(config, data, device, show_progress, cache, resume) -> dict:
-    """Per model, the learning rate of ``config.train.lrs`` with the best validation accuracy
-    averaged over the selection seeds (ties: the smaller rate): ``{kind: {"lr", "scores"}}``."""
-    out = {}
-    for kind in MODELS:
-        scores = {}
-        for lr in config.train.lrs:
-            accs = []
-            for seed in config.selection_seeds:
-                model, _ = trained_model(
-                    kind, config, seed, lr, data, device, show_progress, cache, resume
-                )
-                accs.append(mean_exact(model, data["val"], config.eval_batch))
-            scores[lr] = float(np.mean(accs))
-        out[kind] = {"lr": max(scores, key=lambda r: (scores[r], -r)), "scores": scores}
-    return out
-
-
-def select_rates(config, data, device, workers, show_progress, cache, resume) -> dict:
-    """Train every model at every rate of ``config.train.lrs`` on the selection seeds (side by
-    side in ``workers`` processes) and :func:`choose_rates` from them."""
-    train = functools.partial(_train_task, config, device, resume)
-    lrs = config.train.lrs
-    selection = [(s, k, lr) for k in HEAVIEST_FIRST for lr in lrs for s in config.selection_seeds]
-    harness.train_ahead(train, selection, workers, cache, "selection", show_progress)
-    return choose_rates(config, data, device, show_progress, cache, resume)
 
 
 def run(
@@ -116,15 +79,15 @@ def run(
     device = default_device()
     data = training_data(config.train)
     workers = harness.workers_for(workers, profile, device)
-    train = functools.partial(_train_task, config, device, resume)
+    train = functools.partial(train_task, config, device, resume)
     if config.learning_rates is None:
         rates = select_rates(config, data, device, workers, show_progress, cache, resume)
-    else:
+    else:  # chosen by the same selection, run apart and recorded
         rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
     # the slowest models first, so that the two workers finish together
     claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
     harness.train_ahead(train, claim_tasks, workers, cache, "models", show_progress)
-    models = {name: {"per_seed": [], "lr": rates[k]} for k, name in MODELS.items()}
+    models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODELS.items()}
     last = {}
     for seed in config.seeds:
         tests = test_data(config, seed)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from modnets.experiments.core import harness
 from modnets.experiments.side_by_side.config import CONFIGS, MODELS, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
-from modnets.experiments.side_by_side.run import select_rates
+from modnets.experiments.side_by_side.rates import select_rates
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.utils import atomic_file, default_device
 
@@ -32,11 +32,14 @@ def selection(profile: str | None = None, workers: int | None = None, show_progr
     device = default_device()
     workers = harness.workers_for(workers, profile, device)
     data = training_data(config.train)
-    rates = select_rates(config, data, device, workers, show_progress, True, False)
+    rates = select_rates(
+        config, data, device, workers, show_progress=show_progress, cache=True, resume=False
+    )
     return {
         "profile": profile,
         "selection_seeds": list(config.selection_seeds),
         "candidates": list(config.train.lrs),
+        "train": asdict(config.train),
         "learning_rates": {k: r["lr"] for k, r in rates.items()},
         "val_exact": {
             MODELS[k]: {str(lr): a for lr, a in r["scores"].items()} for k, r in rates.items()
