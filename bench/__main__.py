@@ -3,10 +3,11 @@
 Every benchmark times both sides in this one process and reports the ratio against its target;
 see :mod:`modnets.benchmarks`. Results go to ``_build/results/bench_<profile>.json`` unless
 ``--out`` says otherwise, with the machine and the date they were recorded on. At ``cpu`` the
-performance chapter reads its six slowest rows from two recorded runs: ``bench/recorded/cpu.json``,
-which ``python -m bench --profile cpu --only train_steps thread_policy ni_fused nac_vs_pio
-seed_workers --out bench/recorded/cpu.json`` writes, and ``bench/recorded/cpu_gemm_bound.json``
-(``--only gemm_bound``); it times the rest itself. This script adds one benchmark
+performance chapter reads its six slowest rows from three recorded runs:
+``bench/recorded/cpu.json``, which ``python -m bench --profile cpu --only thread_policy ni_fused
+nac_vs_pio seed_workers --out bench/recorded/cpu.json`` writes, ``cpu_train_steps.json``
+(``--only train_steps``) and ``cpu_gemm_bound.json`` (``--only gemm_bound``); it times the rest
+itself. This script adds one benchmark
 of its own to the suite, ``graph_prior`` (the graph-prior regulariser, NAC eq. 6).
 """
 

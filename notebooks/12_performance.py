@@ -34,7 +34,7 @@ if "google.colab" in sys.modules:
 # median over blocks), so the **ratios** carry over between machines even when absolute times do
 # not. The sides of a ratio take turns, in three rounds, and each keeps its fastest round: a burst
 # of load from elsewhere on a shared machine then slows a round of both sides, not one side. At
-# the `cpu` profile six slow benchmarks are not run here but read from two recorded runs of the
+# the `cpu` profile six slow benchmarks are not run here but read from three recorded runs of the
 # same suite (the first cell's output names them and says where and when each ran).
 #
 # | # | question | target |
@@ -72,10 +72,10 @@ print(
     "| torch",
     torch.__version__,
 )
-# At cpu, the slowest benchmarks (seven compilations, the thread policy's fresh
+# At cpu, the slowest benchmarks (fourteen compilations, the thread policy's fresh
 # processes, whole training steps, profiled steps) outlast this chapter's budget:
 # their rows are read from recorded runs of the bench, and the rest are timed here.
-RECORDED = {"cpu": ["cpu.json", "cpu_gemm_bound.json"]}
+RECORDED = {"cpu": ["cpu.json", "cpu_train_steps.json", "cpu_gemm_bound.json"]}
 recorded = {}
 for file in RECORDED.get(PROFILE, []):
     path = Path("../bench/recorded") / file
@@ -419,16 +419,22 @@ else:
 # %% [markdown]
 # ## 9. The experiments' training steps, as they run
 #
-# Every model an experiment trains takes one optimiser step here exactly as its configuration
-# runs it (`TrainConfig.compile`: `torch.compile` with Inductor; `TrainConfig.fused`: the
-# optimiser's fused kernel) and as the plain eager float32 step of the same model, interleaved
-# in one process. Compiling costs a warm-up (`warmup_s`) that pays for itself after
-# `break_even_steps` steps; the compiled code is reused by every later seed of the same model.
-# At the `cpu` profile the seven compilations take longer than the rest of this chapter, so
-# these rows, like those of sections 2c, 2e, 3 and 10, are read from the recorded run that the
-# chapter's first cell names (`python -m bench --profile cpu --only train_steps thread_policy
-# ni_fused nac_vs_pio seed_workers --out bench/recorded/cpu.json` writes it); at `smoke` and `gpu`
-# every row is timed here.
+# Every model an experiment trains takes its optimiser step here exactly as the experiment runs
+# it: as its configuration says (`TrainConfig.compile`: `torch.compile` with Inductor;
+# `TrainConfig.fused`: the optimiser's fused kernel) and where the experiment runs it, in its
+# seed workers (section 10: on a CPU, one single-threaded process per core, each training its
+# own seed, all at once). The other side is the plain eager float32 step of the same model in
+# one process with every thread, as a script that just calls the model would run it. The two
+# sides take turns, three rounds each. `as_run_ms` is the time per step of all the workers
+# together (one over their summed steps per second), `worker_ms` one worker's own step, and
+# `speedup_workers_only` the plain steps in the same workers: the layout's share of the gain.
+# Compiling costs a warm-up (`warmup_s`, in every worker at once) that pays for itself after
+# `break_even_steps` steps; the compiled code is reused by every later seed a worker trains.
+# At the `cpu` profile the fourteen compilations take longer than the rest of this chapter, so
+# these rows, like those of sections 2c, 2e, 3 and 10, are read from a recorded run that the
+# chapter's first cell names (`python -m bench --profile cpu --only train_steps --out
+# bench/recorded/cpu_train_steps.json` writes it); at `smoke` and `gpu` every row is timed here,
+# in one process (where the experiments train too).
 
 # %% tags=["hide-input"]
 r = results["train_steps"]
@@ -441,27 +447,29 @@ names = [row["model"] for row in r["rows"]]
 y = range(len(names))
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
 ax1.barh(y, [row["speedup"] for row in r["rows"]], label="as run")
-fused_only = [row.get("speedup_fused_only", float("nan")) for row in r["rows"]]
-ax1.scatter(fused_only, y, color="k", marker="|", s=200, label="fused optimiser only")
+layout = [row.get("speedup_workers_only", float("nan")) for row in r["rows"]]
+ax1.scatter(layout, y, color="k", marker="|", s=200, label="plain steps in the workers")
 ax1.axvline(1.4, color="tab:red", ls="--", lw=0.8, label="target 1.4x")
 ax1.axvline(1.0, color="grey", lw=0.8)
 ax1.set_yticks(y, names)
 ax1.set_xlabel("speed-up over the plain eager step")
-ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 ax2.barh(y, [100 * row["mfu"] for row in r["rows"]], label="as run")
 eager_mfu = [100 * row["mfu_eager"] for row in r["rows"]]
 ax2.scatter(eager_mfu, y, color="k", marker="|", s=200, label="plain eager")
 ax2.axvline(40, color="tab:red", ls="--", lw=0.8, label="NI target 40 %")
-ax2.set_xlabel("% of torch.matmul GFLOP/s")
+ax2.set_xlabel("% of torch.matmul GFLOP/s (every core)")
 ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 plt.tight_layout()
 
 # %% [markdown]
-# What to see: the bars against the dashed lines. Compiling pays where a step is many small
+# What to see: the bars against the dashed lines, and how much of each bar the black tick
+# (the worker layout alone, with plain steps) already covers. The layout pays most where a step
+# is too small to keep two threads busy; compiling pays on top where a step is many small
 # element-wise operations (the NI's code modulation and routing, NFM's reads), which Inductor
-# fuses into a few loops; a step that is mostly large matmuls or convolutions has little to fuse
-# (the line above the plot names the largest and the smallest gain of this run). At the `smoke`
-# profile every step is the plain one, so there is nothing to compare.
+# fuses into a few loops, and little where a step is mostly large matmuls or convolutions
+# (section 9b says how little it could). At the `smoke` profile every step is the plain one,
+# in one process, so there is nothing to compare.
 
 # %% [markdown]
 # ### 9b. How much faster a step could get

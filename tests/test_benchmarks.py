@@ -227,12 +227,86 @@ def test_train_steps_times_the_step_its_config_switches_on(monkeypatch):
     )
     res = b.bench_train_steps(b.CONFIGS["smoke"], torch.device("cpu"))
     (row,) = res["rows"]
-    assert len(compiled) == 1  # the as-run side only; eager and fused-only stay eager
-    assert row["compile"] and row["fused"]
-    assert {"eager_ms", "fused_ms", "as_run_ms", "speedup_fused_only"} <= set(row)
+    assert len(compiled) == 1  # the as-run side only; the plain side stays eager
+    assert row["compile"] and row["fused"] and row["workers"] == 1  # smoke: one process
     assert row["speedup"] == pytest.approx(row["eager_ms"] / row["as_run_ms"])
     assert 0 < row["mfu"] and row["warmup_s"] >= 0
     assert res["met"] == (row["speedup"] >= 1.4)  # no NI here: the speed-up alone decides
+
+
+class _SeedWorker:
+    """A stand-in for one ``_as_run_child`` process: its steps take 16 ms as run and 20 ms
+    plain, and it answers one ``@@`` line per model and one per ``go``."""
+
+    launched: list = []
+
+    def __init__(self, args, **kwargs):
+        self.code = args[-1]
+        _SeedWorker.launched.append(self)
+        self.stdin = self
+        self.stdout = self._lines()
+        self.returncode = None
+        self.gos = 0
+
+    def _lines(self):
+        yield "a line of the child's own\n"
+        yield '@@ {"model": "MLP", "first_two_s": 1.0}\n'
+        while True:
+            yield '@@ {"as_run_ms": 16.0, "plain_ms": 20.0}\n'
+
+    def write(self, text):
+        self.gos += text == "go\n"
+
+    def flush(self):
+        pass
+
+    def kill(self):
+        self.returncode = -9
+
+    def wait(self):
+        return self.returncode
+
+
+def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
+    from modnets.training import TrainConfig
+
+    monkeypatch.setattr(b.steps.os, "cpu_count", lambda: 4)
+    monkeypatch.setenv("MODNETS_SEED_WORKERS", "2")  # two processes of two threads
+    monkeypatch.setattr(b.steps.subprocess, "Popen", _SeedWorker)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False, compile=True, fused=True)
+    monkeypatch.setattr(
+        b.steps,
+        "_experiment_models",
+        lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)},
+    )
+    _SeedWorker.launched = []
+    cpu = dataclasses.replace(b.CONFIGS["smoke"], experiments="cpu", rounds=2)
+    (row,) = b.bench_train_steps(cpu, torch.device("cpu"))["rows"]
+    assert len(_SeedWorker.launched) == 2
+    assert all(", 2, 2)" in w.code for w in _SeedWorker.launched)  # threads, rounds
+    assert all(w.gos == 2 and w.returncode == -9 for w in _SeedWorker.launched)
+    # two workers at 16 ms a step each: 8 ms a step together
+    assert row["workers"] == 2 and row["worker_ms"] == pytest.approx(16.0)
+    assert row["as_run_ms"] == pytest.approx(8.0)
+    assert row["speedup"] == pytest.approx(row["eager_ms"] / 8.0)
+    assert row["speedup_workers_only"] == pytest.approx(row["eager_ms"] / 10.0)
+    assert row["warmup_s"] == pytest.approx(1.0 - 2 * 0.016)
+
+
+def test_the_seed_worker_child_times_each_model_once_per_go(monkeypatch, capsys):
+    import io
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(b.steps.sys, "stdin", io.StringIO("go\n" * 7))
+    try:
+        b.steps._as_run_child("smoke", 0.01, 1, 1)
+    finally:
+        torch.set_num_threads(threads)
+    lines = [json.loads(x[3:]) for x in capsys.readouterr().out.splitlines() if x[:3] == "@@ "]
+    models = list(b.steps._experiment_models(b.CONFIGS["smoke"]))
+    assert [x["model"] for x in lines[::2]] == models  # ready, then one timing per go
+    assert all(x["as_run_ms"] > 0 and x["plain_ms"] > 0 for x in lines[1::2])
 
 
 def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_core(monkeypatch):

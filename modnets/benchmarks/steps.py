@@ -168,54 +168,156 @@ def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callabl
     return step
 
 
+def _as_run_child(experiments: str, min_run_time: float, threads: int, rounds: int) -> None:
+    """Run in a fresh process, as one of an experiment's seed workers: for each model, build
+    the step as its config runs it and the plain eager step, take the first two steps as run
+    (compilation), say so, then for each of ``rounds`` rounds wait for the parent's ``go`` and
+    time both steps. Lines for the parent start with ``@@``."""
+    torch.set_num_threads(threads)
+    cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
+    for name, (build, x, config) in _experiment_models(cfg).items():
+        torch.manual_seed(0)
+        model = build()
+        plain = _optimiser_step(model, x, replace(config, **PLAIN))
+        as_run = _optimiser_step(copy.deepcopy(model), x, config)
+        t0 = time.perf_counter()
+        as_run()
+        as_run()
+        print("@@", json.dumps({"model": name, "first_two_s": time.perf_counter() - t0}))
+        for _ in range(rounds):
+            sys.stdin.readline()
+            times = {
+                "as_run_ms": 1e3 * median_time(as_run, 3, 1, min_run_time=min_run_time),
+                "plain_ms": 1e3 * median_time(plain, 3, 1, min_run_time=min_run_time),
+            }
+            print("@@", json.dumps(times), flush=True)
+        torch._dynamo.reset()
+
+
+def _read(proc: subprocess.Popen) -> dict:
+    """The next ``@@`` line of a child, as JSON."""
+    for line in proc.stdout:
+        if line.startswith("@@ "):
+            return json.loads(line[3:])
+    proc.wait()
+    raise RuntimeError(f"a benchmark process ended before it answered (exit {proc.returncode})")
+
+
+def _in_workers(cfg: BenchConfig, workers: int, eager: dict[str, Callable[[], None]]):
+    """``name -> (row fields)``: each model's step as run in ``workers`` single-threaded
+    processes at once, ``cfg.rounds`` rounds each interleaved with this process's plain eager
+    step (``eager``, timed with every thread while the workers wait)."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    code = (
+        "from modnets.benchmarks.steps import _as_run_child; "
+        f"_as_run_child({cfg.experiments!r}, {cfg.min_run_time!r}, {threads}, {cfg.rounds})"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(workers)
+    ]
+    out = {}
+    try:
+        for name, step in eager.items():
+            first_two = max(_read(p)["first_two_s"] for p in procs)
+            best = {
+                "eager": math.inf,
+                "as_run": [math.inf] * workers,
+                "plain": [math.inf] * workers,
+            }
+            for _ in range(cfg.rounds):
+                best["eager"] = min(best["eager"], best_time(cfg, step, "cpu"))
+                for p in procs:
+                    p.stdin.write("go\n")
+                    p.stdin.flush()
+                for i, p in enumerate(procs):
+                    t = _read(p)
+                    best["as_run"][i] = min(best["as_run"][i], t["as_run_ms"] / 1e3)
+                    best["plain"][i] = min(best["plain"][i], t["plain_ms"] / 1e3)
+            out[name] = {
+                "eager_s": best["eager"],
+                "as_run_s": 1 / sum(1 / t for t in best["as_run"]),  # per step, all workers
+                "worker_s": max(best["as_run"]),
+                "plain_workers_s": 1 / sum(1 / t for t in best["plain"]),
+                "first_two_s": first_two,
+            }
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return out
+
+
+#: The switches a plain eager float32 step has off.
+PLAIN = dict(compile=False, fused=False, amp=False)
+
+
 def bench_train_steps(cfg: BenchConfig, device) -> dict:
-    """Each experiment's optimiser step as it runs (its config's compile, fused optimiser and
-    autocast) against the plain eager float32 step of the same model, interleaved in this run;
-    where both switches are on, the fused optimiser alone too. ``warmup_s``: the first two
-    steps as run (compilation) less two steady steps, and ``break_even_steps`` the steps after
-    which the warm-up has paid for itself. ``mfu``: the step's FLOPs (forward and backward,
-    counted eagerly) per second as a share of the matmul rate measured here."""
+    """Each experiment's optimiser step as it runs against the plain eager float32 step of the
+    same model in one process with every thread, interleaved in this run. As it runs: its
+    config's compile, fused optimiser and autocast, in the experiment's seed workers
+    (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
+    on a CPU, all training at once; one process at ``smoke`` and on a GPU). ``as_run_ms`` is
+    the time per step of all workers together (one over their summed steps per second),
+    ``worker_ms`` one worker's step; ``speedup_workers_only``: the plain steps in the same
+    workers, the gain of the worker layout alone. ``warmup_s``: the first two steps as run
+    (compilation) less two steady steps, and ``break_even_steps`` the steps after which the
+    warm-up has paid for itself. ``mfu``: the step's FLOPs (forward and backward, counted
+    eagerly) per second as a share of the matmul rate measured here with every thread."""
+    from modnets.experiments.core.harness import workers_for
+
     n = cfg.matmul_size
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     peak = 2 * n**3 / best_time(cfg, lambda: a @ b, device)
-    plain = dict(compile=False, fused=False, amp=False)
-    rows = []
-    for name, (build, x, config) in _experiment_models(cfg).items():
+    workers = workers_for(None, cfg.experiments, device)
+    models = _experiment_models(cfg)
+    eager, flops, times = {}, {}, {}
+    for name, (build, x, config) in models.items():
         torch.manual_seed(0)
         model = build().to(device)
         x = x.to(device)
-        steps = {"eager": _optimiser_step(model, x, replace(config, **plain))}
-        if config.compile and config.fused:  # the fused optimiser's share of the speed-up
-            steps["fused"] = _optimiser_step(
-                copy.deepcopy(model), x, replace(config, compile=False)
-            )
-        steps["as_run"] = as_run = _optimiser_step(copy.deepcopy(model), x, config)
+        eager[name] = _optimiser_step(model, x, replace(config, **PLAIN))
+        flops[name] = count_flops(eager[name])
+        if workers > 1:
+            continue
+        as_run = _optimiser_step(copy.deepcopy(model), x, config)
         t0 = time.perf_counter()
         as_run()
         as_run()
         first_two = time.perf_counter() - t0
-        flops = count_flops(steps["eager"])
-        times = interleaved_times(cfg, steps, device)
-        saved = times["eager"] - times["as_run"]
-        warmup = max(0.0, first_two - 2 * times["as_run"])
+        t = interleaved_times(cfg, {"eager": eager[name], "as_run": as_run}, device)
+        times[name] = {"eager_s": t["eager"], "as_run_s": t["as_run"], "first_two_s": first_two}
+        torch._dynamo.reset()  # the next model compiles afresh (never at the recompile limit)
+    if workers > 1:
+        times = _in_workers(cfg, workers, eager)
+    rows = []
+    for name, (_, _, config) in models.items():
+        t = times[name]
+        per_worker = t.get("worker_s", t["as_run_s"])
+        warmup = max(0.0, t["first_two_s"] - 2 * per_worker)
+        saved = (t["eager_s"] - t["as_run_s"]) * workers  # per worker, in its own steps
         row = {
             "model": name,
             "compile": config.compile,
             "fused": config.fused,
-            **{f"{k}_ms": 1e3 * t for k, t in times.items()},
-            "speedup": times["eager"] / times["as_run"],
-            "mfu": flops / times["as_run"] / peak,
-            "mfu_eager": flops / times["eager"] / peak,
+            "workers": workers,
+            "eager_ms": 1e3 * t["eager_s"],
+            "as_run_ms": 1e3 * t["as_run_s"],
+            "speedup": t["eager_s"] / t["as_run_s"],
+            "mfu": flops[name] / t["as_run_s"] / peak,
+            "mfu_eager": flops[name] / t["eager_s"] / peak,
             "warmup_s": warmup,
             "break_even_steps": math.ceil(warmup / saved) if saved > 0 else None,
         }
-        if "fused" in times:
-            row["speedup_fused_only"] = times["eager"] / times["fused"]
+        if workers > 1:
+            row["worker_ms"] = 1e3 * t["worker_s"]
+            row["speedup_workers_only"] = t["eager_s"] / t["plain_workers_s"]
         rows.append(row)
-        torch._dynamo.reset()  # the next model compiles afresh (never at the recompile limit)
     name = "Experiments' training steps: as run vs plain eager"
     target = ">= 1.4x for every model, NI MFU >= 40 %"
-    if not any(r["compile"] or r["fused"] for r in rows):
+    if workers == 1 and not any(r["compile"] or r["fused"] for r in rows):
         return make_result(
             name,
             rows,
@@ -233,7 +335,8 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         worst,
         target,
         worst >= 1.4 and not ni < 0.4,
-        f"{note}; NI MFU >= {ni:.0%} of matmul's {peak / 1e9:.0f} GFLOP/s",
+        f"{note}; NI MFU >= {ni:.0%} of matmul's {peak / 1e9:.0f} GFLOP/s; "
+        f"as run in {workers} process{'es' if workers > 1 else ''}",
     )
 
 
@@ -341,12 +444,11 @@ def bench_gemm_bound(cfg: BenchConfig, device) -> dict:
     ``cfg.rounds`` interleaved rounds. A step whose ceiling is below 1.4x cannot reach the
     train-steps target by compiling, fusing or removing Python overhead: only larger matrices
     (batches, widths) would."""
-    plain = dict(compile=False, fused=False, amp=False)
     rows = []
     for name, (build, x, config) in _experiment_models(cfg).items():
         torch.manual_seed(0)
         model, x = build().to(device), x.to(device)
-        step = _optimiser_step(model, x, replace(config, **plain))
+        step = _optimiser_step(model, x, replace(config, **PLAIN))
         eager, gemm, per_op = math.inf, math.inf, {}
         for _ in range(cfg.rounds):  # in turns, each side's fastest round
             eager = min(eager, best_time(cfg, step, device))
