@@ -688,7 +688,8 @@ for name, r in results.items():
 # n = round(0.8 * t.points_per_function)  # the training points (make_dataset's split)
 # steps = t.pretrain.epochs * (n // t.pretrain.batch_size)
 # row = {r["model"]: r for r in results["train_steps"]["rows"]}["NI (fuzzy Booleans)"]
-# saved = (row["eager_ms"] - row["as_run_ms"]) / 1e3  # seconds saved per step
+# # seconds each worker's own step saves (the workers' steps together take as_run_ms)
+# saved = row.get("workers", 1) * (row["eager_ms"] - row["as_run_ms"]) / 1e3
 # print(f"{steps} steps per seed, break-even after {row['break_even_steps']}")
 # print(f"{row['warmup_s'] / saved:.0f} = warm-up / saving per step")
 # ```

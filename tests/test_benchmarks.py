@@ -4,6 +4,7 @@ measured in ``bench/``, as ratios in one run.)"""
 
 import dataclasses
 import json
+import math
 import time
 
 import pytest
@@ -292,6 +293,11 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     assert row["speedup"] == pytest.approx(row["eager_ms"] / 8.0)
     assert row["speedup_workers_only"] == pytest.approx(row["eager_ms"] / 10.0)
     assert row["warmup_s"] == pytest.approx(1.0 - 2 * 0.016)
+    # each worker's own step saves twice the time a step of the pair does (here the tiny
+    # plain step is faster than the stand-in's 8 ms: the warm-up never pays)
+    saved = 2 * (row["eager_ms"] - 8.0) / 1e3
+    expected = math.ceil(row["warmup_s"] / saved) if saved > 0 else None
+    assert row["break_even_steps"] == expected
 
 
 def test_the_seed_worker_child_times_each_model_once_per_go(monkeypatch, capsys):

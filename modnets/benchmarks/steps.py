@@ -168,6 +168,10 @@ def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callabl
     return step
 
 
+#: The switches a plain eager float32 step has off.
+PLAIN = dict(compile=False, fused=False, amp=False)
+
+
 def _as_run_child(experiments: str, min_run_time: float, threads: int, rounds: int) -> None:
     """Run in a fresh process, as one of an experiment's seed workers: for each model, build
     the step as its config runs it and the plain eager step, take the first two steps as run
@@ -250,14 +254,10 @@ def _in_workers(cfg: BenchConfig, workers: int, eager: dict[str, Callable[[], No
     return out
 
 
-#: The switches a plain eager float32 step has off.
-PLAIN = dict(compile=False, fused=False, amp=False)
-
-
 def bench_train_steps(cfg: BenchConfig, device) -> dict:
-    """Each experiment's optimiser step as it runs against the plain eager float32 step of the
-    same model in one process with every thread, interleaved in this run. As it runs: its
-    config's compile, fused optimiser and autocast, in the experiment's seed workers
+    """Each experiment's optimiser step as it runs against the plain eager float32 step of the same
+    model in one process with every thread, interleaved in this run. As it runs: its config's
+    compile, fused optimiser and autocast, in the experiment's seed workers
     (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
     on a CPU, all training at once; one process at ``smoke`` and on a GPU). Every worker trains
     a copy of one model, as the experiments' seeds do (stacked MNIST's single seed instead pairs
@@ -265,9 +265,9 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     their summed steps per second), ``worker_ms`` one worker's step; ``speedup_workers_only``:
     the plain steps in the same workers, the gain of the worker layout alone. ``warmup_s``: the
     first two steps as run (compilation) less two steady steps, and ``break_even_steps`` the
-    steps after which the warm-up has paid for itself. ``mfu``: the step's FLOPs (forward and
-    backward, counted eagerly) per second as a share of the matmul rate measured here with
-    every thread."""
+    steps (each worker's own) after which the warm-up has paid for itself. ``mfu``: the step's
+    FLOPs (forward and backward, counted eagerly) per second as a share of the matmul rate
+    measured here with every thread."""
     from modnets.experiments.core.harness import workers_for
 
     n = cfg.matmul_size
