@@ -91,7 +91,7 @@ def test_kmnist_npz_layout_and_bad_npz(tmp_path):
         load_kmnist("test", root=tmp_path, download=False, verify=False)
 
 
-def test_mnist_m_png_layout_missing_and_broken_png(tmp_path):
+def test_mnist_m_png_layout_missing_and_broken_png(tmp_path, monkeypatch):
     folder = tmp_path / "MNIST-M" / "mnist_m"
     (folder / "mnist_m_test").mkdir(parents=True)
     images = RNG.integers(0, 256, size=(3, 32, 32, 3), dtype=np.uint8)
@@ -103,6 +103,11 @@ def test_mnist_m_png_layout_missing_and_broken_png(tmp_path):
     x, y = load_mnist_m("test", root=tmp_path, download=False)
     np.testing.assert_array_equal(x, images)
     np.testing.assert_array_equal(y, [4, 5, 6])
+    # decoded once per process: read again, no PNG is opened, and the copy cannot be edited
+    with monkeypatch.context() as m:
+        m.setattr(Image, "open", lambda *a, **k: pytest.fail("decoded a second time"))
+        again, _ = load_mnist_m("test", root=tmp_path, download=False)
+    assert again is x and not x.flags.writeable
     (folder / "mnist_m_test" / "00000001.png").write_bytes(b"\x89PNG broken")
     with pytest.raises(DatasetCorruptedError, match="00000001.png"):
         load_mnist_m("test", root=tmp_path, download=False)

@@ -81,17 +81,26 @@ def _referenced(fn: Callable) -> list[Callable]:
         seen.add(id(f))
         out.append(f)
         try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(f)))
-        except (OSError, TypeError):
+            names = _source(f)[1]
+        except (OSError, TypeError):  # no source: hashed by name alone
             continue
         module = inspect.getmodule(f)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name):
-                obj = getattr(module, node.id, None)
-                helper = inspect.isfunction(obj) or inspect.isclass(obj)
-                if helper and inspect.getmodule(obj) and _home(inspect.getmodule(obj)) == home:
-                    todo.append(obj)
+        for name in names:
+            obj = getattr(module, name, None)
+            helper = inspect.isfunction(obj) or inspect.isclass(obj)
+            if helper and inspect.getmodule(obj) and _home(inspect.getmodule(obj)) == home:
+                todo.append(obj)
     return out
+
+
+# A function's source is that of the code it runs: read and parsed once per function object
+# (a redefinition or a reload is a new object).
+@functools.cache
+def _source(f: Callable) -> tuple[str, tuple[str, ...]]:
+    """``f``'s source and the names it reads, in the order they occur."""
+    source = inspect.getsource(f)
+    tree = ast.parse(textwrap.dedent(source))
+    return source, tuple(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
 
 
 def _import_name(obj: Callable) -> str:
@@ -122,7 +131,7 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
         elif callable(part):
             for f in _referenced(part):
                 h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
-                h.update(inspect.getsource(f).encode() + b"\0")
+                h.update(_source(f)[0].encode() + b"\0")
         else:
             raise TypeError(
                 f"code parts must be modules, module names or functions, got {type(part).__name__}"
@@ -141,11 +150,13 @@ def data_fingerprint(*paths: str | os.PathLike) -> str:
         if p.is_file():
             h.update(str(p.stat().st_size).encode())
         elif p.is_dir():
-            for root, dirs, files in os.walk(p):
+            top = str(p)
+            for root, dirs, files in os.walk(top):  # strings: a folder holds thousands of files
                 dirs.sort()
+                rel = os.path.relpath(root, top)
                 for f in sorted(files):
-                    full = Path(root) / f
-                    h.update(f"{full.relative_to(p)}:{full.stat().st_size}\n".encode())
+                    name = f if rel == "." else os.path.join(rel, f)
+                    h.update(f"{name}:{os.stat(os.path.join(root, f)).st_size}\n".encode())
         else:
             h.update(b"<missing>")
     return h.hexdigest()[:16]

@@ -112,7 +112,10 @@ class SideBySideConfig:
 CONFIGS = {
     # seconds: proves the code paths, decides nothing
     "smoke": SideBySideConfig(
-        train=SideBySideTrain(per_count=64, val_per_count=32, val_images=500, epochs=1),
+        # two candidate rates: enough for the selection to choose
+        train=SideBySideTrain(
+            per_count=64, val_per_count=32, val_images=500, epochs=1, lrs=(1e-3, 1e-2)
+        ),
         seeds=(0, 1),
         test_per_count=64,
         few_shot=20,
