@@ -133,13 +133,23 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(n
     def env(name):
         return {**os.environ, "MODNETS_CHECKPOINTS": str(tmp_path / name), "MODNETS_COMPILE": "0"}
 
-    start = time.perf_counter()
-    subprocess.run([*cmd, str(tmp_path / "whole.json")], env=env("a"), check=True, timeout=300)
-    whole = time.perf_counter() - start
+    def started(proc, name):
+        """Wait until the run is past start-up: the command line has checked that it can write
+        its checkpoint folder, which it creates, just before the run begins."""
+        while not (tmp_path / name).exists():
+            assert proc.poll() is None, f"the {name!r} run ended before it began"
+            time.sleep(0.02)
+        return time.perf_counter()
+
+    whole = subprocess.Popen([*cmd, str(tmp_path / "whole.json")], env=env("a"))
+    begun = started(whole, "a")
+    assert whole.wait(timeout=300) == 0
+    work = time.perf_counter() - begun  # the run itself, without start-up
     out = tmp_path / "interrupted.json"
     proc = subprocess.Popen([*cmd, str(out)], env=env("b"), stderr=subprocess.PIPE, text=True)
     # past start-up, before the end (the first run also filled the data caches this one reads)
-    time.sleep(random.Random(0).uniform(0.15, 0.45) * whole)
+    started(proc, "b")
+    time.sleep(random.Random(0).uniform(0.15, 0.45) * work)
     assert proc.poll() is None, "the run ended before the signal: the test's timing is off"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)

@@ -150,7 +150,7 @@ CPU_SPEED = dict(compile=True, fused=True)
 CONFIGS = {
     "smoke": FuzzyBooleanConfig(
         FuzzyBooleanTrain(
-            points_per_function=1000,
+            points_per_function=400,
             pretrain=_tc(2, 100, 1e-3),
             finetune=_tc(1, 100, 1e-3),
             model=dict(dim=16, num_functions=3, num_heads=2, mlp_hidden=32),
