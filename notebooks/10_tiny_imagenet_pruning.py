@@ -465,7 +465,9 @@ plt.tight_layout()
 # %%
 from modnets.experiments.core import budget
 
-display(Markdown(budget.table(budget.estimate(ti.NAME), markdown=True)))
+# at smoke its own small models: one step of the paper's five takes most of a minute on a CPU
+sized = "smoke" if PROFILE == "smoke" else "gpu"
+display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 
 # %% [markdown]
 # :::{admonition} Implementation notes: what differs from the paper, and why
