@@ -465,7 +465,7 @@ plt.tight_layout()
 # %%
 from modnets.experiments.core import budget
 
-# at smoke its own small models: one step of the paper's five takes most of a minute on a CPU
+# at smoke, its own small models: a step of the paper's five takes a minute on a CPU
 sized = "smoke" if PROFILE == "smoke" else "gpu"
 display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 
