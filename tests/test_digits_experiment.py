@@ -454,3 +454,41 @@ def test_build_model_names_every_model_and_refuses_others():
     assert counts["vit_small"] < counts["vit"]  # the parameter-matched ViT is the smaller one
     with pytest.raises(ValueError, match="kind must be one of"):
         digits.build_model("cnn", t)
+
+
+def test_a_resumed_pretraining_keeps_the_snapshots_taken_before_the_interruption(
+    fake_root, tmp_path, monkeypatch
+):
+    """Ctrl-C during the last epoch's validation, then resume: nothing is left to train, and the
+    snapshots are still every epoch's, as in a run never interrupted (the validation-matched
+    comparison picks one of them)."""
+    import signal
+
+    from modnets.experiments.digits import models
+
+    t = digits.CONFIGS["smoke"].train
+    t = dataclasses.replace(t, ni_train=dataclasses.replace(t.ni_train, epochs=2))
+    data = digits.load_pretraining_data(t, fake_root, verify=False)
+
+    def pretrain(state_path=None, resume=False):
+        torch.manual_seed(0)
+        snaps = []
+        models.pretrain(models.build_ni(t), data, t, "ni", 0, "p", False, state_path, resume, snaps)
+        return [(s["epoch"], s["val_mean"]) for s in snaps]
+
+    whole = pretrain()
+    calls = {"n": 0}
+    evaluate = models.evaluate
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second epoch's validation
+            signal.raise_signal(signal.SIGINT)
+        return evaluate(*args, **kwargs)
+
+    state = tmp_path / "ni.train.pt"
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(models, "evaluate", interrupted)
+        pretrain(state)
+    assert pretrain(state, resume=True) == whole and [e for e, _ in whole] == [1, 2]
+    assert not (tmp_path / "ni.train.pt.snapshots").exists()

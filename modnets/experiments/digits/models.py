@@ -3,11 +3,14 @@ pretrained model of one seed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets import distributed
 from modnets.experiments.core import harness
 from modnets.experiments.core.harness import load_or_train
 from modnets.experiments.digits.config import KINDS, MODEL_NAMES, NAME, DigitsConfig, DigitsTrain
@@ -20,7 +23,7 @@ from modnets.experiments.digits.data import (
 )
 from modnets.models.baselines import ViT
 from modnets.models.ni import NeuralInterpreter
-from modnets.training import autocast, fit
+from modnets.training import autocast, fit, save_checkpoint
 from modnets.utils import default_device
 
 
@@ -97,10 +100,13 @@ def pretrain(
 
     ``snapshots``: a list that receives ``{"epoch", "val_mean", "state"}`` (weights on the CPU)
     after every epoch, thinned to at most ``max_snapshots`` evenly spaced epochs with the last
-    kept. A resumed run keeps those of the epochs it ran itself."""
+    kept. With a ``state_path`` they are saved beside it after every epoch, so that a resumed run
+    has those of the epochs before the interruption too."""
     device = next(model.parameters()).device
     prep = Preprocess(train.randaugment)
     taken: list = []
+    side = None if state_path is None or snapshots is None else Path(f"{state_path}.snapshots")
+    earlier = torch.load(side, weights_only=False) if resume and side and side.exists() else []
 
     def step(net, idx):
         return pretrain_loss(
@@ -121,6 +127,8 @@ def pretrain(
                     "state": {k: v.detach().cpu().clone() for k, v in m.state_dict().items()},
                 }
             )
+            if side is not None and distributed.is_main():
+                save_checkpoint(earlier + taken, side)
         return out
 
     history = fit(
@@ -138,10 +146,14 @@ def pretrain(
     )
     if snapshots is not None:
         epochs = len(history["val_mean"])  # those of a resumed run's first part included
+        # one per epoch: those saved before the interruption, then this run's own
+        each = earlier[: epochs - len(taken)] + taken
         every = -(-epochs // max_snapshots)
-        for i, snap in enumerate(taken, start=epochs - len(taken) + 1):
+        for i, snap in enumerate(each, start=epochs - len(each) + 1):
             if i % every == 0 or i == epochs:
                 snapshots.append({"epoch": i, **snap})
+        if side is not None:
+            side.unlink(missing_ok=True)
     return history
 
 
