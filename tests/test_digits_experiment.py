@@ -491,4 +491,4 @@ def test_a_resumed_pretraining_keeps_the_snapshots_taken_before_the_interruption
         m.setattr(models, "evaluate", interrupted)
         pretrain(state)
     assert pretrain(state, resume=True) == whole and [e for e, _ in whole] == [1, 2]
-    assert not (tmp_path / "ni.train.pt.snapshots").exists()
+    assert not (tmp_path / "ni.train.pt.snapshots").exists()  # removed once pretrained

@@ -3,6 +3,7 @@ pretrained model of one seed."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +106,10 @@ def pretrain(
     device = next(model.parameters()).device
     prep = Preprocess(train.randaugment)
     taken: list = []
+    # one file per epoch in a folder beside the state (epoch k: k.pt), each written once
     side = None if state_path is None or snapshots is None else Path(f"{state_path}.snapshots")
-    earlier = torch.load(side, weights_only=False) if resume and side and side.exists() else []
+    saved = sorted(side.glob("*.pt"), key=lambda f: int(f.stem)) if resume and side else []
+    earlier = [torch.load(f, weights_only=False) for f in saved]
 
     def step(net, idx):
         return pretrain_loss(
@@ -128,7 +131,8 @@ def pretrain(
                 }
             )
             if side is not None and distributed.is_main():
-                save_checkpoint(earlier + taken, side)
+                side.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(taken[-1], side / f"{len(earlier) + len(taken)}.pt")
         return out
 
     history = fit(
@@ -153,7 +157,7 @@ def pretrain(
             if i % every == 0 or i == epochs:
                 snapshots.append({"epoch": i, **snap})
         if side is not None:
-            side.unlink(missing_ok=True)
+            shutil.rmtree(side, ignore_errors=True)
     return history
 
 
