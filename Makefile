@@ -101,9 +101,10 @@ publish: install
 	test -f _build/html/index.html || { echo "no _build/html: run make book first" >&2; exit 1; }
 	$(BIN)/ghp-import --no-jekyll --push --force _build/html
 
-# Two test processes (pytest-xdist): the longest tests no longer queue behind each other.
+# Two test processes (pytest-xdist), each handed a test or two at a time, the long ones first
+# (tests/conftest.py): neither is left running a long test after the other has finished.
 unit: install
-	$(BIN)/pytest -n 2 tests
+	$(BIN)/pytest -n 2 --maxschedchunk 2 tests
 
 nbval: install
 	MODNETS_PROFILE=smoke $(BIN)/pytest -p no:cacheprovider --nbval-lax --nbval-current-env \

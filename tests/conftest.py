@@ -5,6 +5,13 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(items):
+    """The long tests (``@pytest.mark.long``) first, the rest in their usual order: `make test`'s
+    test processes take the next test whenever they are free, so they end together instead of
+    one running a long test begun last while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_checkpoints(tmp_path_factory):
     """Tests never read (or leave) checkpoints in the user's cache."""

@@ -81,6 +81,7 @@ def test_under_runs_a_step_on_the_path_it_names_and_restores_the_switch():
     assert seen == [False, True] and fused_attn() is None
 
 
+@pytest.mark.long
 def test_thread_policy_is_set_before_torch_loads():
     import os
     import subprocess
@@ -300,6 +301,7 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     assert row["break_even_steps"] == expected
 
 
+@pytest.mark.long
 def test_the_seed_worker_child_times_each_model_once_per_go(monkeypatch, capsys):
     import io
 

@@ -74,6 +74,7 @@ def test_setup_md_shows_every_gpu_model_with_its_parameters():
             assert part.batch_size > 0 and part.steps > 0
 
 
+@pytest.mark.long
 def test_a_gpu_too_small_for_the_batch_gets_accumulation_before_training():
     """Tiny-ImageNet at the papers' batch (1024) does not fit a T4: the run says so before
     training and accumulates instead; a big enough GPU, or a CPU, leaves the config alone."""

@@ -118,6 +118,7 @@ DATA = {
 
 
 @pytest.mark.parametrize("name", sorted(DATA))
+@pytest.mark.long
 def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(name, tmp_path):
     """A real SIGINT to the command line somewhere in a smoke run of each experiment (a sweep, a
     training, an evaluation or a checkpoint write), then ``--resume``: the same results as a run

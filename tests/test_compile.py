@@ -61,6 +61,7 @@ def test_forward_and_loss_trace_as_one_graph(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.long
 def test_new_batch_sizes_do_not_recompile_and_match_eager(name):
     torch.manual_seed(0)
     model, inputs = MODELS[name]()

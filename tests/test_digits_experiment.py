@@ -197,6 +197,7 @@ def test_learning_rate_selection_never_reads_the_evaluation_split():
     assert digits.select_finetune_lr(ni, kmnist, no_candidates) == (7e-4, {})
 
 
+@pytest.mark.long
 def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     cfg = digits.CONFIGS["smoke"]
@@ -432,6 +433,7 @@ _REPRODUCED = dict(
 )
 
 
+@pytest.mark.long
 def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
     # the fake files are not the released ones: read them without the md5 check

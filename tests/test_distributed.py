@@ -48,6 +48,7 @@ def fake_data(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.long
 def test_two_ranks_match_one_process(fake_data):
     out = fake_data / "ddp"
     out.mkdir()

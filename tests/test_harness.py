@@ -175,6 +175,7 @@ def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
     assert "modnets.models.nfm" not in fingerprints._module_closure("modnets.models.ni")
 
 
+@pytest.mark.long
 def test_a_module_run_with_python_m_keys_its_code_as_when_imported(tmp_path):
     # the CLI (python -m modnets.experiments.<name>) and the library (the book's notebooks) must
     # find each other's checkpoints: under -m a function's __module__ is "__main__"
@@ -470,6 +471,7 @@ DRY_RUNS = {
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.long
 def test_gpu_configuration_takes_a_finite_training_step(name):
     """The paper-scale models of every experiment, one step at batch 2 on CPU: a finite loss,
     and a gradient on every trainable parameter (zero only where the module says why)."""

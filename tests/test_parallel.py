@@ -42,6 +42,7 @@ def _sleeps(path):
     return path
 
 
+@pytest.mark.long
 def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
     out = parallel.map_tasks(_where, [3, 1, 2, 0], workers=2, show_progress=False)
     assert [x for x, _, _ in out] == [3, 1, 2, 0]
@@ -52,11 +53,13 @@ def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
     assert [(x, pid) for x, pid, _ in inline] == [(5, os.getpid()), (6, os.getpid())]
 
 
+@pytest.mark.long
 def test_a_failing_task_raises_its_error_here():
     with pytest.raises(RuntimeError, match="task 2 failed"):
         parallel.map_tasks(_fails, [1, 2, 3], workers=2, show_progress=False)
 
 
+@pytest.mark.long
 def test_ctrl_c_reaches_the_workers_before_it_is_raised(tmp_path):
     paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
 
@@ -105,6 +108,7 @@ def _parent_of_a_worker(path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.long
 def test_a_worker_whose_parent_dies_stops_as_on_ctrl_c(tmp_path):
     path = tmp_path / "task.txt"
     code = f"from tests.test_parallel import _parent_of_a_worker as f; from pathlib import Path; f(Path({str(path)!r}))"

@@ -205,6 +205,7 @@ def _fit_scale_free(straight_through: bool, U: int = 64, steps: int = 1500) -> f
         return (reg(link_probabilities(sig, sig, eps, 0.9)) / (U * (U - 1))).item()
 
 
+@pytest.mark.long
 def test_the_experiments_take_the_straight_through_that_fits_the_prior_better():
     """Chapter 7 decides whether the Tiny-ImageNet NACs pass a straight-through gradient to
     truncated links: whichever kernel ends nearer the scale-free prior."""

@@ -205,6 +205,7 @@ def test_ood_dip_is_the_gap_below_the_geometric_mean_of_the_neighbours():
     assert dips[2] == pytest.approx(0.5 - 0.6) and dips[4] == pytest.approx(0.1 - 0.2)
 
 
+@pytest.mark.long
 def test_run_trains_checkpoints_reloads_and_saves(env):
     first = sm.run(TINY, profile="smoke", show_progress=False, verify=False)
     assert tuple(first) == harness.SCHEMA and first["seeds"] == [0, 1]
@@ -374,6 +375,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
     assert "CNN on 1 digits, worst seed 0.5" in sm.claims(weak)[0].reason
 
 
+@pytest.mark.long
 def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
     fake_mnist(
         env / "data", n=700, prefix="train"
@@ -479,6 +481,7 @@ def test_the_max_head_is_trained_beside_for_the_dip(env):
     assert len(files) == 2 * 5 and sum("-finetuned_" in f for f in files) == 2 * 3
 
 
+@pytest.mark.long
 def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
     first = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=2)
     files = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
@@ -488,6 +491,7 @@ def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
     assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]
 
 
+@pytest.mark.long
 def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
     rounds = sm_run._tasks(TINY_FT)
     assert [{t[2] for t in r} for r in rounds] == [{"pretrain"}, {"nfm", "cnn"}]

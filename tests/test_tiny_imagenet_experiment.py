@@ -39,6 +39,7 @@ def env(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.long
 def test_run_trains_checkpoints_and_reloads(env):
     first = ti.run(TINY, profile="smoke", show_progress=False)
     assert tuple(first) == SCHEMA and first["seeds"] == [0, 1]
@@ -201,6 +202,7 @@ def test_claims_on_made_up_results_give_every_verdict():
     assert "mean off-diagonal P" in dense["table1-nac-vs-pio"].reason
 
 
+@pytest.mark.long
 def test_cli_at_smoke_writes_the_schema(env, monkeypatch):
     monkeypatch.setitem(ti.CONFIGS, "smoke", TINY)  # the fake tree has 3 classes
     out = env / "results.json"

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
+
+
+def linear_sum_assignment(
+    cost: np.ndarray, maximize: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """scipy's linear assignment, imported here: scipy.optimize takes a second to load, and most
+    processes that import the graphs never match one."""
+    from scipy.optimize import linear_sum_assignment as assign
+
+    return assign(cost, maximize=maximize)
 
 
 def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Tensor:

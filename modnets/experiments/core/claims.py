@@ -29,9 +29,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.multitest import multipletests
-from statsmodels.stats.power import TTestPower
 
 from modnets.experiments.core.rules import RULES, Rule
 from modnets.experiments.core.stats import seed_stats
@@ -144,6 +141,8 @@ def mde(sd: float, n: int, equivalence: bool = False) -> float | None:
     smallest margin shown with that power when the true difference is 0."""
     if n < 2 or not math.isfinite(sd) or sd <= 0:
         return None
+    from statsmodels.stats.power import TTestPower
+
     d = TTestPower().solve_power(nobs=n, **_power_args(equivalence))
     return float(np.squeeze(d)) * sd
 
@@ -172,6 +171,7 @@ def seeds_needed(effect: float, sd: float, equivalence: bool = False) -> int | N
 def _tost(values: np.ndarray, margin: float) -> tuple[str, list | None, float, str]:
     """Equivalence within ``±margin``: TOST at :data:`ALPHA` (90 % interval inside the margin)
     reproduces; the 95 % interval wholly outside it does not."""
+    from scipy import stats
     from statsmodels.stats.weightstats import DescrStatsW
 
     s = seed_stats(values)
@@ -202,6 +202,8 @@ def test(
     """The claim of rule ``rule_id`` (from :data:`~modnets.experiments.core.rules.RULES`, or
     ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
     summary (e.g. to show both sides of a comparison)."""
+    from scipy import stats  # (scipy and statsmodels load in seconds: only where used)
+
     rule = (RULES if rules is None else rules)[rule_id]
     v = np.asarray([float(x) for x in values], dtype=float)
     s = seed_stats(v)
@@ -352,6 +354,8 @@ def holm(claims: Sequence[Claim], family: str) -> list[Claim]:
     ]
     out = [replace(c, verdict_holm=c.verdict, holm_family="") for c in claims]
     if tested:
+        from statsmodels.stats.multitest import multipletests
+
         reject = multipletests([claims[i].p_value for i in tested], ALPHA, "holm")[0]
         for i, r in zip(tested, reject, strict=True):
             verdict = claims[i].verdict if r else "inconclusive"

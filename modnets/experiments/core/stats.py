@@ -6,7 +6,6 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def seed_stats(values: Iterable[float], confidence: float = 0.95) -> dict:
@@ -23,6 +22,8 @@ def seed_stats(values: Iterable[float], confidence: float = 0.95) -> dict:
         if sd == 0.0:
             ci = [mean, mean]
         else:
+            from scipy import stats  # (a second to load: only where a summary is made)
+
             lo, hi = stats.t.interval(
                 confidence, v.size - 1, loc=mean, scale=sd / math.sqrt(v.size)
             )

@@ -4,7 +4,6 @@ counterpart), the regime they presuppose, the summary table and the computed adv
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import holm, outside_regime, paired
@@ -73,6 +72,8 @@ def _interval(values: list[float]) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
     if len(v) < 2 or not np.isfinite(v).all():
         return float(np.mean(v)), float("nan")
+    from scipy import stats
+
     return float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / len(v) ** 0.5)
 
 
