@@ -117,3 +117,17 @@ def test_a_worker_whose_parent_dies_stops_as_on_ctrl_c(tmp_path):
     while not path.with_suffix(".saved").exists() and time.time() < deadline:
         time.sleep(0.1)
     assert path.with_suffix(".saved").exists()  # the worker saw SIGTERM, not a minute of sleep
+
+
+def test_a_process_that_only_trains_does_not_load_the_statistics_libraries():
+    # each seed worker imports its experiment; scipy, statsmodels and networkx cost it seconds
+    # and only the main process's summaries, claims and drawings use them
+    heavy = ("scipy.stats", "scipy.optimize", "statsmodels", "networkx")
+    code = (
+        "import sys; import modnets.experiments.stacked_mnist.run, modnets.experiments.digits, "
+        "modnets.experiments.tiny_imagenet.run, modnets.experiments.fuzzy_boolean; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
