@@ -503,3 +503,44 @@ def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
     again = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=1)
     assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
     assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "in_workers"),
+    [
+        # one seed: a pretraining alone, then an NFM beside a CNN: nothing is worth a worker
+        ((0,), []),
+        # three: two of each kind side by side, the third here -- its pretraining before the
+        # round that goes on from it
+        (
+            (0, 1, 2),
+            [
+                [(0, "flatten", "pretrain"), (1, "flatten", "pretrain")],
+                [(0, "flatten", "nfm"), (1, "flatten", "nfm")],
+            ]
+            + [[(0, "flatten", "cnn"), (1, "flatten", "cnn")]],
+        ),
+    ],
+)
+def test_workers_pair_models_of_one_kind_and_the_next_round_finds_what_it_goes_on_from(
+    env, monkeypatch, seeds, in_workers
+):
+    config = dataclasses.replace(TINY, train=dataclasses.replace(TINY.train, finetune_epochs=1))
+    config = dataclasses.replace(config, seeds=seeds)
+    assert config.train.pool == "flatten"
+    sent, here = [], []
+    monkeypatch.setattr(sm_run, "_train_task", lambda *args: here.append(args[-1]))
+    monkeypatch.setattr(harness.parallel, "map_tasks", lambda f, tasks, *a, **k: sent.append(tasks))
+
+    class Trained(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Trained
+
+    monkeypatch.setattr(sm_run, "load_test_canvases", stop)
+    with pytest.raises(Trained):
+        sm.run(config, profile="smoke", show_progress=False, verify=False, workers=2)
+    assert sent == in_workers
+    # what no worker took, this process trains: a pretraining at once, the rest in its loop
+    assert here == ([(0, "flatten", "pretrain")] if seeds == (0,) else [(2, "flatten", "pretrain")])

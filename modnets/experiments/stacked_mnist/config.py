@@ -172,8 +172,10 @@ class StackedMNISTConfig:
     probe_canvases: int = 64  # test canvases per count whose NFM reads are traced
 
 
-#: cpu: the training steps compiled and the optimiser fused (their gains: bench train_steps)
-CPU_SPEED = dict(compile=True, fused=True)
+#: cpu: the optimiser fused, nothing compiled: one seed's schedule (one pretraining, then one
+#: epoch of each model) is too short for the compiled steps to repay their warm-up, and on two
+#: threads the compiled CNN of 16-canvas batches stepped slower than the eager one (book/setup.md)
+CPU_SPEED = dict(fused=True)
 
 CONFIGS = {
     "smoke": StackedMNISTConfig(

@@ -76,8 +76,7 @@ def _train_task(
 
 def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
     """:func:`_train_task`'s tasks in rounds that depend on the ones before: the CNNs that the
-    finetuned models go on from first (when ``finetune_epochs``), then every model, longest
-    (NFM) first so that the workers finish together."""
+    finetuned models go on from first (when ``finetune_epochs``), then every model, NFM first."""
     heads = [
         (seed, pool) for seed in config.seeds for pool in (config.train.pool, *config.dip_pools)
     ]
@@ -117,8 +116,16 @@ def run(
     diag_per_seed = []
     workers = harness.workers_for(workers, profile, device)
     train = functools.partial(_train_task, config, device, resume, root, verify)
-    for tasks in _tasks(config):
-        harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
+    rounds = _tasks(config)
+    for i, tasks in enumerate(rounds):
+        # a worker only beside a model of its own kind: an NFM beside a CNN would leave one core
+        # idle most of the round; the rest train here, with every thread
+        for kind in dict.fromkeys(t[2] for t in tasks):
+            same = [t for t in tasks if t[2] == kind]
+            harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
+            if cache and workers > 1 and i < len(rounds) - 1:  # the next round goes on from these
+                for task in same[len(same) - len(same) % workers :]:
+                    train(task)
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
