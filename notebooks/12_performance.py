@@ -429,9 +429,10 @@ else:
 # together (one over their summed steps per second), `worker_ms` one worker's own step, and
 # `speedup_workers_only` the plain steps in the same workers: the layout's share of the gain.
 # Every worker here trains a copy of the same model, as the fuzzy-Boolean NI's seeds, the digits'
-# whole seeds and Tiny-ImageNet's NACs (then its Perceiver IOs) do; stacked MNIST's one seed is
-# the exception: its CNN pretrains alone with every thread, then finetunes beside the NFM, which
-# goes on alone once the CNN is done.
+# whole seeds and Tiny-ImageNet's NACs (then its Perceiver IOs) do. Stacked MNIST's one seed is
+# the exception: a lone pretraining, then one NFM and one CNN of very unequal cost, so it trains
+# in one process with every thread, eagerly (one epoch of each does not repay a compilation); its
+# rows are what a run of several seeds would gain, and the recorded ones still show them compiled.
 # Compiling costs a warm-up (`warmup_s`, in every worker at once) that pays for itself after
 # `break_even_steps` steps; the compiled code is reused by every later seed a worker trains.
 # At the `cpu` profile the fourteen compilations take longer than the rest of this chapter, so
