@@ -173,8 +173,8 @@ class StackedMNISTConfig:
 
 
 #: cpu: the optimiser fused, nothing compiled: one seed's schedule (one pretraining, then one
-#: epoch of each model) is too short for the compiled steps to repay their warm-up, and on two
-#: threads the compiled CNN of 16-canvas batches stepped slower than the eager one (book/setup.md)
+#: epoch of each model) trains in one process with every thread, where NFM(CNN)'s one epoch does
+#: not repay its compilation (book/setup.md)
 CPU_SPEED = dict(fused=True)
 
 CONFIGS = {
