@@ -530,6 +530,9 @@ def test_workers_pair_models_of_one_kind_and_the_next_round_finds_what_it_goes_o
     assert config.train.pool == "flatten"
     sent, here = [], []
     monkeypatch.setattr(sm_run, "_train_task", lambda *args: here.append(args[-1]))
+    monkeypatch.setattr(
+        sm_run, "pretrained_cnn", lambda c, seed, *a: here.append((seed, c.train.pool, "pretrain"))
+    )
     monkeypatch.setattr(harness.parallel, "map_tasks", lambda f, tasks, *a, **k: sent.append(tasks))
 
     class Trained(Exception):

@@ -174,7 +174,7 @@ def train_ahead(
     ``whole_rounds``: for tasks of equal cost, only as many as fill every worker in each round;
     the rest (fewer than ``workers``) are left to the loop, which trains them with every thread
     instead of leaving cores idle."""
-    if whole_rounds:
+    if whole_rounds and workers > 1:
         tasks = tasks[: len(tasks) - len(tasks) % workers]
     if cache and workers > 1 and len(tasks) > 1:
         parallel.map_tasks(train, tasks, workers, desc, show_progress)

@@ -124,8 +124,11 @@ def run(
             same = [t for t in tasks if t[2] == kind]
             harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
             if cache and workers > 1 and i < len(rounds) - 1:  # the next round goes on from these
-                for task in same[len(same) - len(same) % workers :]:
-                    train(task)
+                for seed, pool, _ in same[len(same) - len(same) % workers :]:
+                    head = replace(config, train=replace(config.train, pool=pool))
+                    pretrained_cnn(
+                        head, seed, data, device, show_progress, True, resume, root, verify
+                    )
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
