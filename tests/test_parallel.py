@@ -125,7 +125,8 @@ def test_a_process_that_only_trains_does_not_load_the_statistics_libraries():
     heavy = ("scipy.stats", "scipy.optimize", "statsmodels", "networkx")
     code = (
         "import sys; import modnets.experiments.stacked_mnist.run, modnets.experiments.digits, "
-        "modnets.experiments.tiny_imagenet.run, modnets.experiments.fuzzy_boolean; "
+        "modnets.experiments.tiny_imagenet.run, modnets.experiments.fuzzy_boolean, "
+        "modnets.experiments.side_by_side.run; "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
