@@ -1,6 +1,7 @@
 """The experiments' command line: where it writes is checked before it trains, and Ctrl-C
 always stops with a message saying what was saved."""
 
+import importlib
 import json
 import os
 import random
@@ -117,45 +118,57 @@ DATA = {
 }
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread here, as in the subprocess a test starts with OMP_NUM_THREADS=1:
+    the runs compared then round alike."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name", sorted(DATA))
 @pytest.mark.long
-def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(name, tmp_path):
+@pytest.mark.usefixtures("one_thread")
+def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
+    name, tmp_path, monkeypatch
+):
     """A real SIGINT to the command line somewhere in a smoke run of each experiment (a sweep, a
     training, an evaluation or a checkpoint write), then ``--resume``: the same results as a run
-    never interrupted."""
+    never interrupted. The interrupted run is a process of its own; the uninterrupted run and the
+    resumed one run the same command line in this process (no start-up of their own to pay)."""
     from modnets.data import data_root
 
     missing = [d for d in DATA[name] if not (data_root() / d).exists()]
     if missing:
         pytest.skip(f"the {name} data is not here: {missing}")
-    cmd = [sys.executable, "-m", f"modnets.experiments.{name}", "--profile", "smoke"]
-    cmd += ["--quiet", "--out"]
+    main = importlib.import_module(f"modnets.experiments.{name}").main
+    args = ["--profile", "smoke", "--quiet", "--out"]
+    monkeypatch.setenv("MODNETS_COMPILE", "0")
 
-    def env(name):
-        return {**os.environ, "MODNETS_CHECKPOINTS": str(tmp_path / name), "MODNETS_COMPILE": "0"}
-
-    def started(proc, name):
-        """Wait until the run is past start-up: the command line has checked that it can write
-        its checkpoint folder, which it creates, just before the run begins."""
-        while not (tmp_path / name).exists():
-            assert proc.poll() is None, f"the {name!r} run ended before it began"
-            time.sleep(0.02)
-        return time.perf_counter()
-
-    whole = subprocess.Popen([*cmd, str(tmp_path / "whole.json")], env=env("a"))
-    begun = started(whole, "a")
-    assert whole.wait(timeout=300) == 0
-    work = time.perf_counter() - begun  # the run itself, without start-up
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "a"))
+    begun = time.perf_counter()
+    main([*args, str(tmp_path / "whole.json")])
+    work = time.perf_counter() - begun
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "b"))
     out = tmp_path / "interrupted.json"
-    proc = subprocess.Popen([*cmd, str(out)], env=env("b"), stderr=subprocess.PIPE, text=True)
-    # past start-up, before the end (the first run also filled the data caches this one reads)
-    started(proc, "b")
+    cmd = [sys.executable, "-m", f"modnets.experiments.{name}", *args, str(out)]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True
+    )
+    # Past start-up (the command line has checked that it can write its checkpoint folder, which
+    # it creates, just before the run begins), before the end: the run here took `work` with the
+    # data caches it filled, which that process reads too.
+    while not (tmp_path / "b").exists():
+        assert proc.poll() is None, "the interrupted run ended before it began"
+        time.sleep(0.02)
     time.sleep(random.Random(0).uniform(0.15, 0.45) * work)
     assert proc.poll() is None, "the run ended before the signal: the test's timing is off"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode != 0 and not out.exists(), "the run was not stopped"
     assert "--resume" in err
-    subprocess.run([*cmd, str(out), "--resume"], env=env("b"), check=True, timeout=300)
+    main([*args, str(out), "--resume"])
     results = [json.loads(p.read_text()) for p in (tmp_path / "whole.json", out)]
     assert _without_times(results[0]) == _without_times(results[1])
