@@ -29,7 +29,10 @@ import torch
 
 from modnets.utils import progress
 
-__all__ = ["default_workers", "map_tasks"]
+__all__ = ["default_workers", "keep_workers", "map_tasks"]
+
+#: Worker pools kept between calls of :func:`map_tasks` inside :func:`keep_workers`, by size.
+_kept: dict[int, ProcessPoolExecutor] | None = None
 
 
 def default_workers(device: torch.device | str | None = None) -> int:
@@ -51,6 +54,25 @@ def _init_worker(threads: int) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
         os.setpgrp()
+
+
+@contextlib.contextmanager
+def keep_workers():
+    """Within the block, :func:`map_tasks` keeps its worker processes for its next call with as
+    many workers, so that a run training its models in rounds (each round going on from the
+    last) starts them once, not once a round: a worker's start imports torch and the library,
+    seconds of a core each time. They stop when the block ends."""
+    global _kept
+    if _kept is not None:  # an outer block keeps them already
+        yield
+        return
+    _kept = {}
+    try:
+        yield
+    finally:
+        pools, _kept = _kept, None
+        for pool in pools.values():
+            pool.shutdown()
 
 
 def map_tasks(
@@ -78,8 +100,12 @@ def map_tasks(
         bar.close()
         return out
     threads = max(1, (os.cpu_count() or 1) // workers)
-    context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
-    pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
+    pool = _kept.get(workers) if _kept is not None else None
+    if pool is None:
+        context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
+        pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
+        if _kept is not None:
+            _kept[workers] = pool
     futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
     results: list = [None] * len(tasks)
     pending = set(futures)
@@ -90,6 +116,7 @@ def map_tasks(
                 results[futures[future]] = future.result()
                 bar.update(1)
     except BrokenProcessPool as err:
+        _forget(pool)
         pool.shutdown(wait=True, cancel_futures=True)
         raise RuntimeError(
             "a worker process died before its task ended; where a script calls this with "
@@ -102,9 +129,18 @@ def map_tasks(
         for process in list(getattr(pool, "_processes", {}).values()):
             with contextlib.suppress(ProcessLookupError):  # a training in flight saves its state
                 os.kill(process.pid, signal.SIGINT)
+        _forget(pool)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
         bar.close()
-    pool.shutdown()
+    if _kept is None or pool not in _kept.values():
+        pool.shutdown()
     return results
+
+
+def _forget(pool: ProcessPoolExecutor) -> None:
+    """A pool that failed or was interrupted is not kept for the next call."""
+    if _kept is not None:
+        for n in [n for n, p in _kept.items() if p is pool]:
+            del _kept[n]

@@ -2,6 +2,7 @@
 process on two cores, errors and Ctrl-C reach the caller, and an experiment's models trained in
 workers are the ones its loop then loads."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -49,14 +50,27 @@ def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
     pids = {pid for _, pid, _ in out}
     assert os.getpid() not in pids and 1 <= len(pids) <= 2
     assert {threads for _, _, threads in out} == {max(1, (os.cpu_count() or 1) // 2)}
+    assert not multiprocessing.active_children()  # stopped with the call
+    with parallel.keep_workers():  # a run of several rounds starts its workers once
+        first = parallel.map_tasks(_where, [1, 2, 3, 4], workers=2, show_progress=False)
+        kept = {p.pid for p in multiprocessing.active_children()}
+        second = parallel.map_tasks(_where, [5, 6, 7, 8], workers=2, show_progress=False)
+        assert {pid for _, pid, _ in first + second} <= kept and len(kept) == 2
+    assert not multiprocessing.active_children()  # stopped with the block
     inline = parallel.map_tasks(_where, [5, 6], workers=1, show_progress=False)
     assert [(x, pid) for x, pid, _ in inline] == [(5, os.getpid()), (6, os.getpid())]
 
 
 @pytest.mark.long
 def test_a_failing_task_raises_its_error_here():
-    with pytest.raises(RuntimeError, match="task 2 failed"):
-        parallel.map_tasks(_fails, [1, 2, 3], workers=2, show_progress=False)
+    with parallel.keep_workers():
+        before = parallel.map_tasks(_where, [1, 2], workers=2, show_progress=False)
+        with pytest.raises(RuntimeError, match="task 2 failed"):
+            parallel.map_tasks(_fails, [1, 2, 3], workers=2, show_progress=False)
+        # the next call of the block does not get the workers of a call that failed
+        after = parallel.map_tasks(_where, [9, 10], workers=2, show_progress=False)
+        assert [x for x, _, _ in after] == [9, 10]
+        assert not {pid for _, pid, _ in after} & {pid for _, pid, _ in before}
 
 
 @pytest.mark.long

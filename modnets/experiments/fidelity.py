@@ -25,7 +25,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from modnets import diagnostics
+from modnets import diagnostics, parallel
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
 from modnets.models.nac import KERNEL_REGIMES
@@ -94,16 +94,17 @@ def compare(
     data = ti.load_data(base.train)
     workers = harness.workers_for(workers, profile, device)
     out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "variants": {}}
-    for variant in VARIANTS:
-        config = variant_config(base, variant)
-        train = functools.partial(ti.train_task, config, device, False, None)
-        tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
-        harness.train_ahead(train, tasks, workers, True, f"NACs ({variant})", show_progress)
-        rows = []
-        for seed in config.seeds:
-            model, _ = ti.trained_model("nac", config, seed, data, device, PRIOR, show_progress)
-            rows.append(_seed_row(model, data, config, seed))
-        out["variants"][variant] = {"nac": config.train.nac, "per_seed": rows}
+    with parallel.keep_workers():  # started once for all the variants
+        for variant in VARIANTS:
+            config = variant_config(base, variant)
+            train = functools.partial(ti.train_task, config, device, False, None)
+            tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
+            harness.train_ahead(train, tasks, workers, True, f"NACs ({variant})", show_progress)
+            rows = []
+            for seed in config.seeds:
+                model, _ = ti.trained_model("nac", config, seed, data, device, PRIOR, show_progress)
+                rows.append(_seed_row(model, data, config, seed))
+            out["variants"][variant] = {"nac": config.train.nac, "per_seed": rows}
     default = out["variants"][DEFAULT]["per_seed"]
     out["minus_default"] = {
         variant: {k: paired([r[k] for r in default], [r[k] for r in v["per_seed"]]) for k in KEYS}

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import torch
 
+from modnets import parallel
 from modnets.experiments.core import harness
 from modnets.experiments.core.cli import experiment_main
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
@@ -80,13 +81,14 @@ def run(
     data = training_data(config.train)
     workers = harness.workers_for(workers, profile, device)
     train = functools.partial(train_task, config, device, resume)
-    if config.learning_rates is None:
-        rates = select_rates(config, data, device, workers, show_progress, cache, resume)
-    else:  # chosen by the same selection, run apart and recorded
-        rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
-    # the slowest models first, so that the two workers finish together
-    claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
-    harness.train_ahead(train, claim_tasks, workers, cache, "models", show_progress)
+    with parallel.keep_workers():  # started once for the selection and the claim seeds
+        if config.learning_rates is None:
+            rates = select_rates(config, data, device, workers, show_progress, cache, resume)
+        else:  # chosen by the same selection, run apart and recorded
+            rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
+        # the slowest models first, so that the two workers finish together
+        claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
+        harness.train_ahead(train, claim_tasks, workers, cache, "models", show_progress)
     models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODELS.items()}
     last = {}
     for seed in config.seeds:

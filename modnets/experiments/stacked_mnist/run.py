@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from modnets import distributed
+from modnets import distributed, parallel
 from modnets.data.stacked_mnist import CANVAS_SIZE
 from modnets.experiments.core import harness
 from modnets.experiments.core.cli import experiment_main
@@ -117,18 +117,19 @@ def run(
     workers = harness.workers_for(workers, profile, device)
     train = functools.partial(_train_task, config, device, resume, root, verify)
     rounds = _tasks(config)
-    for i, tasks in enumerate(rounds):
-        # a worker only beside a model of its own kind: an NFM beside a CNN would leave one core
-        # idle most of the round; the rest train here, with every thread
-        for kind in dict.fromkeys(t[2] for t in tasks):
-            same = [t for t in tasks if t[2] == kind]
-            harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
-            if cache and workers > 1 and i < len(rounds) - 1:  # the next round goes on from these
-                for seed, pool, _ in same[len(same) - len(same) % workers :]:
-                    head = replace(config, train=replace(config.train, pool=pool))
-                    pretrained_cnn(
-                        head, seed, data, device, show_progress, True, resume, root, verify
-                    )
+    with parallel.keep_workers():  # started once for all the rounds
+        for i, tasks in enumerate(rounds):
+            # a worker only beside a model of its own kind: an NFM beside a CNN would leave one
+            # core idle most of the round; the rest train here, with every thread
+            for kind in dict.fromkeys(t[2] for t in tasks):
+                same = [t for t in tasks if t[2] == kind]
+                harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
+                if cache and workers > 1 and i < len(rounds) - 1:  # the next round goes on
+                    for seed, pool, _ in same[len(same) - len(same) % workers :]:
+                        head = replace(config, train=replace(config.train, pool=pool))
+                        pretrained_cnn(
+                            head, seed, data, device, show_progress, True, resume, root, verify
+                        )
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
