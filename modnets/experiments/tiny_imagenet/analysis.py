@@ -47,8 +47,11 @@ def edge_curve(
 
 
 @torch.inference_mode()
-def throughput(model: nn.Module, batch: int = 64, repeats: int = 5, warmup: int = 2) -> float:
-    """Samples per second at ``batch`` (median of ``repeats`` timed forward passes)."""
+def throughput(
+    model: nn.Module, batch: int = 64, repeats: int = 5, warmup: int = 2, seconds: float = 0.2
+) -> float:
+    """Samples per second at ``batch`` (the median over at least ``repeats`` timed blocks of
+    forward passes, for at least ``seconds``: :func:`modnets.timing.median_time`)."""
     model.eval()
     device = next(model.parameters()).device
     x = torch.randn(batch, 3, 64, 64, device=device)
@@ -57,7 +60,7 @@ def throughput(model: nn.Module, batch: int = 64, repeats: int = 5, warmup: int 
         with autocast(device):
             model(x)
 
-    return batch / median_time(forward, repeats, warmup, device)
+    return batch / median_time(forward, repeats, warmup, device, seconds)
 
 
 def gflops_per_sample(model: nn.Module, batch: int = 4) -> float:
@@ -71,16 +74,18 @@ def gflops_per_sample(model: nn.Module, batch: int = 4) -> float:
     return counter.get_total_flops() / batch / 1e9
 
 
-def speed_curve(model: nn.Module, fractions, batch: int, repeats: int, seed: int = 0) -> list[dict]:
-    """Throughput and GFLOPs per sample with each fraction dropped (Fig. 5b, Fig. 15); the order
-    does not matter: every order leaves a model of the same size."""
+def speed_curve(
+    model: nn.Module, fractions, batch: int, repeats: int, seed: int = 0, seconds: float = 0.2
+) -> list[dict]:
+    """Throughput (:func:`throughput`) and GFLOPs per sample with each fraction dropped (Fig. 5b,
+    Fig. 15); the order does not matter: every order leaves a model of the same size."""
     out = []
     for f in fractions:
         small = pruned(model, f, "least", seed)
         out.append(
             {
                 "fraction": f,
-                "samples_per_s": throughput(small, batch, repeats),
+                "samples_per_s": throughput(small, batch, repeats, seconds=seconds),
                 "gflops": gflops_per_sample(small),
             }
         )

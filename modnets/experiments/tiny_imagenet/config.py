@@ -119,6 +119,7 @@ class TinyImageNetConfig:
     edge_fractions: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0)
     throughput_batch: int = 64
     throughput_repeats: int = 5
+    throughput_seconds: float = 0.2  # the least time each throughput is timed for
     eval_batch: int = 256
     random_draws: int = 5  # random drop orders per seed (NAC and Perceiver IO)
 
@@ -181,6 +182,7 @@ CONFIGS = {
         edge_fractions=(0.0, 0.9),
         throughput_batch=8,
         throughput_repeats=1,
+        throughput_seconds=0.01,
         eval_batch=64,
     ),
     # 20 classes (10,000 train / 1,000 val images), 64 processor and 8 read-out modules, dim 64,

@@ -197,7 +197,12 @@ def _drop_readings(r: dict, kind: str, model, data, config: TinyImageNetConfig, 
     else:  # Perceiver IO's latents have no order but a random one
         r["drop"] = drop_curve(model, data, drop_fr, config.eval_batch, "random", draws, seed)
     r["speed"] = speed_curve(
-        model, drop_fr, config.throughput_batch, config.throughput_repeats, seed
+        model,
+        drop_fr,
+        config.throughput_batch,
+        config.throughput_repeats,
+        seed,
+        config.throughput_seconds,
     )
     full = point_at(r["drop"], 0.0)["top1"]
     for key, suffix in (("drop", ""), ("drop_random", "_random"), ("drop_most", "_most")):
