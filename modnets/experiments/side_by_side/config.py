@@ -114,10 +114,10 @@ CONFIGS = {
     "smoke": SideBySideConfig(
         # two candidate rates: enough for the selection to choose
         train=SideBySideTrain(
-            per_count=64, val_per_count=32, val_images=500, epochs=1, lrs=(1e-3, 1e-2)
+            per_count=32, val_per_count=16, val_images=500, epochs=1, lrs=(1e-3, 1e-2)
         ),
         seeds=(0, 1),
-        test_per_count=64,
+        test_per_count=32,
         few_shot=20,
         few_shot_epochs=1,
         few_shot_batch=10,
