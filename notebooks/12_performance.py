@@ -75,7 +75,12 @@ print(
 # At cpu, the slowest benchmarks (fourteen compilations, the thread policy's fresh
 # processes, whole training steps, profiled steps) outlast this chapter's budget:
 # their rows are read from recorded runs of the bench, and the rest are timed here.
-RECORDED = {"cpu": ["cpu.json", "cpu_train_steps.json", "cpu_gemm_bound.json"]}
+# At smoke the training steps are plain on both sides (nothing to compare; the tests
+# time them): the section shows the recorded cpu rows instead.
+RECORDED = {
+    "cpu": ["cpu.json", "cpu_train_steps.json", "cpu_gemm_bound.json"],
+    "smoke": ["cpu_train_steps.json"],
+}
 recorded = {}
 for file in RECORDED.get(PROFILE, []):
     path = Path("../bench/recorded") / file
@@ -438,8 +443,9 @@ else:
 # At the `cpu` profile the fourteen compilations take longer than the rest of this chapter, so
 # these rows, like those of sections 2c, 2e, 3 and 10, are read from a recorded run that the
 # chapter's first cell names (`python -m bench --profile cpu --only train_steps --out
-# bench/recorded/cpu_train_steps.json` writes it); at `smoke` and `gpu` every row is timed here,
-# in one process (where the experiments train too).
+# bench/recorded/cpu_train_steps.json` writes it), and at `smoke` too, where every step would be
+# the plain one on both sides; at `gpu` every row is timed here, in one process (where the
+# experiments train too).
 
 # %% tags=["hide-input"]
 r = results["train_steps"]
@@ -473,8 +479,7 @@ plt.tight_layout()
 # is too small to keep two threads busy; compiling pays on top where a step is many small
 # element-wise operations (the NI's code modulation and routing, NFM's reads), which Inductor
 # fuses into a few loops, and little where a step is mostly large matmuls or convolutions
-# (section 9b says how little it could). At the `smoke` profile every step is the plain one,
-# in one process, so there is nothing to compare.
+# (section 9b says how little it could).
 
 # %% [markdown]
 # ### 9b. How much faster a step could get
@@ -679,7 +684,7 @@ for name, r in results.items():
 # $\lceil w / (t_\text{eager} - t_\text{compiled}) \rceil$ steps. One seed's pretraining takes
 # 2,500 steps at `cpu`. `map_tasks` starts fresh processes, and each compiles once: four seeds in
 # two processes pay the warm-up twice for four seeds' steps, so even a break-even close to one
-# seed's steps pays off. At `smoke` nothing is compiled, and the break-even is `None`.
+# seed's steps pays off. At `smoke` the rows are the recorded `cpu` ones.
 #
 # ```python
 # from modnets.experiments import fuzzy_boolean as fb
