@@ -71,7 +71,7 @@ print("profile:", PROFILE)
 # (float, `(N, 3, 64, 64)`) and `y` (class indices).
 
 # %%
-SIZES = {"smoke": (256, 128, 1), "cpu": (1024, 256, 3), "gpu": (8192, 1024, 10)}
+SIZES = {"smoke": (128, 64, 1), "cpu": (1024, 256, 3), "gpu": (8192, 1024, 10)}
 n_train, n_val, epochs = select(SIZES, PROFILE)
 COLOURS = torch.tensor([[1.0, 0.2, 0.2], [0.2, 1.0, 0.2], [0.3, 0.4, 1.0]])
 
