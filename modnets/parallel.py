@@ -48,12 +48,40 @@ def default_workers(device: torch.device | str | None = None) -> int:
     return os.cpu_count() or 1
 
 
+#: In a worker: whether a task is running (Ctrl-C stops it) and the process that started it.
+_busy = False
+_parent = None
+
+
 def _init_worker(threads: int) -> None:
+    global _parent
     torch.set_num_threads(threads)
+    _parent = os.getppid()
     if sys.platform == "linux":  # the parent gone (a killed kernel), a worker stops as on Ctrl-C
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
         os.setpgrp()
+    signal.signal(signal.SIGINT, _interrupt_task)
+
+
+def _interrupt_task(signum, frame) -> None:
+    # Raised outside a task, KeyboardInterrupt could leave the pool's queues locked (a worker
+    # sending its result back, or waiting for the next task) and the pool's shutdown waiting on
+    # them forever: there the worker keeps waiting, and stops when the pool does.
+    if _busy:
+        raise KeyboardInterrupt
+
+
+def _run_task(fn: Callable, task):
+    """``fn(task)`` in a worker, where Ctrl-C stops it (a training saves its state first)."""
+    global _busy
+    _busy = True
+    try:
+        return fn(task)
+    finally:
+        _busy = False
+        if os.getppid() != _parent:  # orphaned while it ran: nobody will read the result
+            os._exit(1)
 
 
 @contextlib.contextmanager
@@ -83,8 +111,9 @@ def map_tasks(
     show_progress: bool = True,
 ) -> list:
     """``[fn(task) for task in tasks]``, on a CPU in ``workers`` processes of ``cpu_count //
-    workers`` threads each (started fresh, so ``fn`` and the tasks must pickle: a module-level
-    function, a ``functools.partial`` of one). Ctrl-C reaches every worker (a training saves its
+    workers`` threads each (started fresh for the call, or once for a :func:`keep_workers`
+    block, so ``fn`` and the tasks must pickle: a module-level function, a
+    ``functools.partial`` of one). Ctrl-C reaches every worker (a training saves its
     resumable state) before it is raised here."""
     if workers is None:
         workers = default_workers()
@@ -101,12 +130,20 @@ def map_tasks(
         return out
     threads = max(1, (os.cpu_count() or 1) // workers)
     pool = _kept.get(workers) if _kept is not None else None
+    if pool is not None and pool._broken:  # a kept worker died between calls (out of memory)
+        _forget(pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+        pool = None
     if pool is None:
+        if _kept:  # one kept pool at a time: idle workers of another size only hold memory
+            for other in list(_kept.values()):
+                _forget(other)
+                other.shutdown()
         context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
         pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
         if _kept is not None:
             _kept[workers] = pool
-    futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+    futures = {pool.submit(_run_task, fn, task): i for i, task in enumerate(tasks)}
     results: list = [None] * len(tasks)
     pending = set(futures)
     try:

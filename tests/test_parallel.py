@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def _interrupt(signum, frame):
 def _sleeps(path):
     """Write a marker, then wait to be interrupted; the interruption is recorded as a file."""
     signal.signal(signal.SIGTERM, _interrupt)  # as a training loop does (ResumableLoop)
-    path.write_text("started")
+    path.write_text(str(os.getpid()))
     try:
         time.sleep(60)
     except KeyboardInterrupt:
@@ -54,8 +55,14 @@ def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
     with parallel.keep_workers():  # a run of several rounds starts its workers once
         first = parallel.map_tasks(_where, [1, 2, 3, 4], workers=2, show_progress=False)
         kept = {p.pid for p in multiprocessing.active_children()}
-        second = parallel.map_tasks(_where, [5, 6, 7, 8], workers=2, show_progress=False)
-        assert {pid for _, pid, _ in first + second} <= kept and len(kept) == 2
+        with parallel.keep_workers():  # a block inside keeps them too, and leaves them kept
+            second = parallel.map_tasks(_where, [5, 6, 7, 8], workers=2, show_progress=False)
+        third = parallel.map_tasks(_where, [9, 10], workers=2, show_progress=False)
+        assert {pid for _, pid, _ in first + second + third} <= kept and len(kept) == 2
+        # workers of another size replace the kept ones (idle, they would only hold memory)
+        parallel.map_tasks(_where, [1, 2, 3], workers=3, show_progress=False)
+        now = {p.pid for p in multiprocessing.active_children()}
+        assert len(now) == 3 and not now & kept
     assert not multiprocessing.active_children()  # stopped with the block
     inline = parallel.map_tasks(_where, [5, 6], workers=1, show_progress=False)
     assert [(x, pid) for x, pid, _ in inline] == [(5, os.getpid()), (6, os.getpid())]
@@ -115,7 +122,7 @@ def _parent_of_a_worker(path):
     pool = parallel.ProcessPoolExecutor(
         1, context, initializer=parallel._init_worker, initargs=(1,)
     )
-    pool.submit(_sleeps, path)
+    pool.submit(parallel._run_task, _sleeps, path)
     while not path.exists():
         time.sleep(0.05)
     os._exit(0)
@@ -131,6 +138,10 @@ def test_a_worker_whose_parent_dies_stops_as_on_ctrl_c(tmp_path):
     while not path.with_suffix(".saved").exists() and time.time() < deadline:
         time.sleep(0.1)
     assert path.with_suffix(".saved").exists()  # the worker saw SIGTERM, not a minute of sleep
+    stat = Path(f"/proc/{path.read_text()}/stat")
+    while stat.exists() and stat.read_text().split(")")[1].split()[0] not in "ZX":
+        assert time.time() < deadline, "the orphaned worker did not stop after its task"
+        time.sleep(0.1)
 
 
 def test_a_process_that_only_trains_does_not_load_the_statistics_libraries():
