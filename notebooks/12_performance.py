@@ -35,7 +35,8 @@ if "google.colab" in sys.modules:
 # not. The sides of a ratio take turns, in three rounds, and each keeps its fastest round: a burst
 # of load from elsewhere on a shared machine then slows a round of both sides, not one side. At
 # the `cpu` profile six slow benchmarks are not run here but read from three recorded runs of the
-# same suite (the first cell's output names them and says where and when each ran).
+# same suite (the first cell's output names them and says where and when each ran); at `smoke`,
+# the training steps of section 9.
 #
 # | # | question | target |
 # |---|---|---|
@@ -682,15 +683,17 @@ for name, r in results.items():
 # :class: dropdown
 # Each step saves $t_\text{eager} - t_\text{compiled}$, so a warm-up $w$ is repaid after
 # $\lceil w / (t_\text{eager} - t_\text{compiled}) \rceil$ steps. One seed's pretraining takes
-# 2,500 steps at `cpu`. `map_tasks` starts fresh processes, and each compiles once: four seeds in
-# two processes pay the warm-up twice for four seeds' steps, so even a break-even close to one
-# seed's steps pays off. At `smoke` the rows are the recorded `cpu` ones.
+# 2,500 steps at `cpu`. `map_tasks` starts its processes once for the call, and each compiles
+# once: four seeds in two processes pay the warm-up twice for four seeds' steps, so even a
+# break-even close to one seed's steps pays off. At `smoke` the rows are the recorded `cpu` ones:
+# count the steps of the `cpu` configuration then.
 #
 # ```python
 # from modnets.experiments import fuzzy_boolean as fb
 # from modnets.profiles import select
 #
-# t = select(fb.CONFIGS, PROFILE).train
+# rows = "cpu" if PROFILE == "smoke" else PROFILE  # the profile the rows were timed at
+# t = select(fb.CONFIGS, rows).train
 # n = round(0.8 * t.points_per_function)  # the training points (make_dataset's split)
 # steps = t.pretrain.epochs * (n // t.pretrain.batch_size)
 # row = {r["model"]: r for r in results["train_steps"]["rows"]}["NI (fuzzy Booleans)"]

@@ -189,7 +189,7 @@ plt.tight_layout()
 
 # %% [markdown]
 # What to see: each model's accuracy after each epoch against chance (the dotted line); at
-# `smoke` one epoch on a few hundred images shows only that the loop runs.
+# `smoke` one epoch on 128 images shows only that the loop runs.
 #
 # ## Save and load
 #

@@ -124,7 +124,8 @@ def run(
             for kind in dict.fromkeys(t[2] for t in tasks):
                 same = [t for t in tasks if t[2] == kind]
                 harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
-                if cache and workers > 1 and i < len(rounds) - 1:  # the next round goes on
+                # the next round goes on from these: the leftover (a lone pretraining) here
+                if cache and workers > 1 and i < len(rounds) - 1:
                     for seed, pool, _ in same[len(same) - len(same) % workers :]:
                         head = replace(config, train=replace(config.train, pool=pool))
                         pretrained_cnn(

@@ -182,7 +182,7 @@ CONFIGS = {
         edge_fractions=(0.0, 0.9),
         throughput_batch=8,
         throughput_repeats=1,
-        throughput_seconds=0.01,
+        throughput_seconds=0.01,  # no claim rests on speed at smoke
         eval_batch=64,
     ),
     # 20 classes (10,000 train / 1,000 val images), 64 processor and 8 read-out modules, dim 64,
