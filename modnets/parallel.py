@@ -130,7 +130,7 @@ def map_tasks(
         return out
     threads = max(1, (os.cpu_count() or 1) // workers)
     pool = _kept.get(workers) if _kept is not None else None
-    if pool is not None and pool._broken:  # a kept worker died between calls (out of memory)
+    if pool is not None and getattr(pool, "_broken", False):  # a kept worker died while idle
         _forget(pool)
         pool.shutdown(wait=False, cancel_futures=True)
         pool = None
