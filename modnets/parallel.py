@@ -31,8 +31,10 @@ from modnets.utils import progress
 
 __all__ = ["default_workers", "keep_workers", "map_tasks"]
 
-#: Worker pools kept between calls of :func:`map_tasks` inside :func:`keep_workers`, by size.
-_kept: dict[int, ProcessPoolExecutor] | None = None
+#: Inside :func:`keep_workers`: whether a block is open, and the pool it keeps (with its size)
+#: between calls of :func:`map_tasks`.
+_keeping = False
+_kept: tuple[int, ProcessPoolExecutor] | None = None
 
 
 def default_workers(device: torch.device | str | None = None) -> int:
@@ -90,17 +92,16 @@ def keep_workers():
     many workers, so that a run training its models in rounds (each round going on from the
     last) starts them once, not once a round: a worker's start imports torch and the library,
     seconds of a core each time. They stop when the block ends."""
-    global _kept
-    if _kept is not None:  # an outer block keeps them already
+    global _keeping
+    if _keeping:  # an outer block keeps them already
         yield
         return
-    _kept = {}
+    _keeping = True
     try:
         yield
     finally:
-        pools, _kept = _kept, None
-        for pool in pools.values():
-            pool.shutdown()
+        _keeping = False
+        _drop_kept()
 
 
 def map_tasks(
@@ -115,6 +116,7 @@ def map_tasks(
     block, so ``fn`` and the tasks must pickle: a module-level function, a
     ``functools.partial`` of one). Ctrl-C reaches every worker (a training saves its
     resumable state) before it is raised here."""
+    global _kept
     if workers is None:
         workers = default_workers()
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -129,20 +131,12 @@ def map_tasks(
         bar.close()
         return out
     threads = max(1, (os.cpu_count() or 1) // workers)
-    pool = _kept.get(workers) if _kept is not None else None
-    if pool is not None and getattr(pool, "_broken", False):  # a kept worker died while idle
-        _forget(pool)
-        pool.shutdown(wait=False, cancel_futures=True)
-        pool = None
+    pool = _kept_pool(workers)
     if pool is None:
-        if _kept:  # one kept pool at a time: idle workers of another size only hold memory
-            for other in list(_kept.values()):
-                _forget(other)
-                other.shutdown()
         context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
         pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
-        if _kept is not None:
-            _kept[workers] = pool
+        if _keeping:
+            _kept = (workers, pool)
     futures = {pool.submit(_run_task, fn, task): i for i, task in enumerate(tasks)}
     results: list = [None] * len(tasks)
     pending = set(futures)
@@ -153,7 +147,7 @@ def map_tasks(
                 results[futures[future]] = future.result()
                 bar.update(1)
     except BrokenProcessPool as err:
-        _forget(pool)
+        _kept = None
         pool.shutdown(wait=True, cancel_futures=True)
         raise RuntimeError(
             "a worker process died before its task ended; where a script calls this with "
@@ -166,18 +160,29 @@ def map_tasks(
         for process in list(getattr(pool, "_processes", {}).values()):
             with contextlib.suppress(ProcessLookupError):  # a training in flight saves its state
                 os.kill(process.pid, signal.SIGINT)
-        _forget(pool)
+        _kept = None  # a failed or interrupted call's workers are not kept
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
         bar.close()
-    if _kept is None or pool not in _kept.values():
+    if not _keeping:
         pool.shutdown()
     return results
 
 
-def _forget(pool: ProcessPoolExecutor) -> None:
-    """A pool that failed or was interrupted is not kept for the next call."""
+def _kept_pool(workers: int) -> ProcessPoolExecutor | None:
+    """The kept pool, where it has ``workers`` processes and none died while it waited; any
+    other is shut down (idle, its workers would only hold memory)."""
     if _kept is not None:
-        for n in [n for n, p in _kept.items() if p is pool]:
-            del _kept[n]
+        size, pool = _kept
+        if size == workers and not getattr(pool, "_broken", False):
+            return pool
+        _drop_kept()
+    return None
+
+
+def _drop_kept() -> None:
+    global _kept
+    if _kept is not None:
+        _kept[1].shutdown()
+        _kept = None

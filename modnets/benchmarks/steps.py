@@ -261,11 +261,12 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
     on a CPU, all training at once; one process at ``smoke`` and on a GPU). Every worker trains
     a copy of one model, as the experiments' seeds do (stacked MNIST's single seed trains in one
-    process instead: a lone pretraining, then two models of unequal cost). ``as_run_ms`` is the time per step of all workers together (one over
-    their summed steps per second), ``worker_ms`` one worker's step; ``speedup_workers_only``:
-    the plain steps in the same workers, the gain of the worker layout alone. ``warmup_s``: the
-    first two steps as run (compilation) less two steady steps, and ``break_even_steps`` the
-    steps (each worker's own) after which the warm-up has paid for itself. ``mfu``: the step's
+    process instead: a lone pretraining, then two models of unequal cost). ``as_run_ms`` is the
+    time per step of all workers together (one over their summed steps per second), ``worker_ms``
+    one worker's step; ``speedup_workers_only``: the plain steps in the same workers, the gain
+    of the worker layout alone. ``warmup_s``: the first two steps as run (compilation) less two
+    steady steps, and ``break_even_steps`` the steps (each worker's own) after which the warm-up
+    has paid for itself. ``mfu``: the step's
     FLOPs (forward and backward, counted eagerly) per second as a share of the matmul rate
     measured here with every thread."""
     from modnets.experiments.core.harness import workers_for
