@@ -124,7 +124,7 @@ def _measure(part: harness.DryRun) -> tuple[float, float]:
     (``part.samples`` examples)."""
     model = part.model.train()
     with FlopCounterMode(display=False) as counter:
-        saved = saved_bytes(lambda: part.loss(model).backward(), exclude=model.parameters())
+        saved = saved_bytes(lambda: part.seeded_loss(model).backward(), exclude=model.parameters())
     model.zero_grad(set_to_none=True)
     return float(saved), float(counter.get_total_flops())
 
@@ -147,7 +147,10 @@ def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimat
 
 def _estimates(experiment: str, module, config) -> list[Estimate]:
     out = []
-    for part in module.dry_run(config):
+    with torch.random.fork_rng(devices=[]):  # the same weights and inputs on every estimate
+        torch.manual_seed(0)
+        parts = module.dry_run(config)
+    for part in parts:
         if part.batch_size <= 0 or part.samples <= 0:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
         act, flops = _measure(part)

@@ -311,6 +311,13 @@ class DryRun:
     batch_size: int = 0  # the configured training batch (0: not given)
     steps: int = 0  # optimiser steps of one full training of this model at one seed (0: not given)
 
+    def seeded_loss(self, model: nn.Module) -> torch.Tensor:
+        """``loss(model)`` with its random draws (dropout, DropPath, augmentation) from seed 0:
+        the same on every dry run, the caller's random state untouched."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return self.loss(model)
+
 
 def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
     """Build every model of an experiment's ``profile`` configuration (on the CPU) and take one
@@ -327,7 +334,7 @@ def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
     for part in module.dry_run(config):
         t0 = time.perf_counter()
         model = part.model.train()
-        loss = part.loss(model)
+        loss = part.seeded_loss(model)
         if not torch.isfinite(loss).all():
             raise AssertionError(f"{module.__name__} {part.name}: loss {loss} is not finite")
         loss.backward()
