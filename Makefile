@@ -102,9 +102,10 @@ publish: install
 	$(BIN)/ghp-import --no-jekyll --push --force _build/html
 
 # Two test processes (pytest-xdist), each handed a test or two at a time, the long ones first
-# (tests/conftest.py): neither is left running a long test after the other has finished.
+# (tests/conftest.py): neither is left running a long test after the other has finished. The
+# nbval plugin (make nbval) is not loaded: importing it costs each test process 3 s.
 unit: install
-	$(BIN)/pytest -n 2 --maxschedchunk 2 tests
+	$(BIN)/pytest -p no:nbval -n 2 --maxschedchunk 2 tests
 
 nbval: install
 	MODNETS_PROFILE=smoke $(BIN)/pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
