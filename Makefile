@@ -49,10 +49,14 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# pip does not compile what it installs: a process compiles each module it imports and keeps the
+# bytecode for the next (most of what pip would compile, packages' tests and servers, is never
+# imported). For that, no recipe runs with PYTHONDONTWRITEBYTECODE.
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q --upgrade pip
-	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
