@@ -248,6 +248,34 @@ def test_drop_orders_and_random_draws():
     assert curve[1]["modules"] == U - round(0.5 * M)  # a fraction of the mediators
 
 
+@pytest.mark.parametrize("kind", ["nac", "pio"])
+def test_curves_on_tokens_computed_once_score_as_the_images_do(kind):
+    """The drop and edge curves score every pruned model on the validation tokens computed once:
+    exactly what evaluating each pruned model on the images gives, batch by batch (the last
+    batch short), with the model's tokenizer in place afterwards."""
+    torch.manual_seed(0)
+    model = ti.build_model(kind, TRAIN)
+    x = torch.randint(0, 256, (11, 3, 64, 64), dtype=torch.uint8)
+    y = torch.randint(0, TRAIN.num_classes, (11,))
+    data = ti.Data(x, y, x, y, [str(c) for c in range(TRAIN.num_classes)])
+    fractions = [0.0, 0.5, 0.9]
+    order = "least" if kind == "nac" else "random"
+    curve = ti.drop_curve(model, data, fractions, 4, order, draws=2)
+    for point, f in zip(curve, fractions, strict=True):
+        draws = [pruned(model, f, order, s) for s in ((0,) if kind == "nac" else (0, 1))]
+        expected = [ti.evaluate(m, x, y, 4) for m in draws]
+        assert point["top1"] == sum(e["top1"] for e in expected) / len(expected)
+        assert point["top5"] == sum(e["top5"] for e in expected) / len(expected)
+    if kind == "nac":
+        edges = ti.edge_curve(model, data, [0.0, 0.5], 4)
+        for point in edges:
+            expected = ti.evaluate(model.eliminate_edges(point["fraction"]), x, y, 4)
+            assert {k: point[k] for k in ("top1", "top5")} == expected
+    tokens = ti.val_tokens(model, data, 4)
+    assert len(tokens) == 3 and ti.evaluate_tokens(model, tokens, y) == ti.evaluate(model, x, y, 4)
+    assert model.tokenizer is not None  # skipped for that evaluation only
+
+
 def test_tokenizer_shapes_and_errors():
     from modnets.nn import ConvTokenizer
 

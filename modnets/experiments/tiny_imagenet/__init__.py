@@ -29,12 +29,14 @@ its command line).
 from modnets.experiments.tiny_imagenet.analysis import (
     drop_curve,
     edge_curve,
+    evaluate_tokens,
     gflops_per_sample,
     nac_diagnostics,
     point_at,
     relative_loss,
     speed_curve,
     throughput,
+    val_tokens,
 )
 from modnets.experiments.tiny_imagenet.claims import (
     REGIME_CHANCE_MULTIPLE,
@@ -104,6 +106,8 @@ __all__ = [
     "evaluate",
     "TRAIN_CODE",
     "trained_model",
+    "val_tokens",
+    "evaluate_tokens",
     "drop_curve",
     "edge_curve",
     "throughput",

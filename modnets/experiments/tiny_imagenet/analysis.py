@@ -6,16 +6,55 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from modnets import diagnostics, probes, pruning
+from modnets.data.tiny_imagenet import normalize
 from modnets.experiments.tiny_imagenet.data import Data
 from modnets.experiments.tiny_imagenet.models import evaluate
 from modnets.models.nac import NeuralAttentiveCircuit
 from modnets.pruning import pruned
 from modnets.timing import median_time
 from modnets.training import autocast
+
+
+@torch.no_grad()
+def val_tokens(model: nn.Module, data: Data, batch_size: int = 256) -> list[Tensor]:
+    """What ``model``'s tokenizer makes of each validation batch, cut and normalised as
+    :func:`~modnets.experiments.tiny_imagenet.models.evaluate` does. Dropping modules or edges
+    leaves the tokenizer as it is, and it is most of what an evaluation costs: a curve computes
+    the tokens once and scores every pruned model on them."""
+    model.eval()
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    tokenizer = nn.Identity() if model.tokenizer is None else model.tokenizer
+    out = []
+    for i in range(0, len(data.x_val), batch_size):
+        with autocast(device):
+            out.append(tokenizer(normalize(data.x_val[i : i + batch_size].to(device)).to(dtype)))
+    return out
+
+
+@torch.no_grad()
+def evaluate_tokens(model: nn.Module, tokens: list[Tensor], y: Tensor) -> dict:
+    """Top-1 and top-5 accuracy of ``model`` on :func:`val_tokens` (its tokenizer skipped): the
+    same computation as ``evaluate`` on the images, bit for bit."""
+    model.eval()
+    device = next(model.parameters()).device
+    tokenizer, model.tokenizer = model.tokenizer, None
+    top1 = top5 = start = 0
+    try:
+        for t in tokens:
+            with autocast(device):
+                logits = model(t).float()
+            target = y[start : start + len(t)].to(device)
+            start += len(t)
+            best = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            top1 += (best[:, 0] == target).sum().item()
+            top5 += (best == target[:, None]).any(-1).sum().item()
+    finally:
+        model.tokenizer = tokenizer
+    return {"top1": top1 / len(y), "top5": top5 / len(y)}
 
 
 def drop_curve(
@@ -29,19 +68,19 @@ def drop_curve(
 ) -> list[dict]:
     """Validation top-1 and top-5 with each fraction of modules (latents) dropped (NAC Fig. 5a),
     through :func:`modnets.pruning.drop_curve` (random orders: the mean over ``draws``)."""
-
-    def score(m: nn.Module) -> dict:
-        return evaluate(m, data.x_val, data.y_val, batch_size)
-
-    return pruning.drop_curve(model, score, fractions, order, draws, seed)
+    tokens = val_tokens(model, data, batch_size)
+    return pruning.drop_curve(
+        model, lambda m: evaluate_tokens(m, tokens, data.y_val), fractions, order, draws, seed
+    )
 
 
 def edge_curve(
     model: NeuralAttentiveCircuit, data: Data, fractions, batch_size: int = 256
 ) -> list[dict]:
     """Accuracy as the smallest ``P_ij`` are set to 0 (Fig. 10)."""
+    tokens = val_tokens(model, data, batch_size)
     return [
-        {"fraction": f, **evaluate(model.eliminate_edges(f), data.x_val, data.y_val, batch_size)}
+        {"fraction": f, **evaluate_tokens(model.eliminate_edges(f), tokens, data.y_val)}
         for f in fractions
     ]
 
