@@ -5,6 +5,7 @@ import dataclasses
 import re
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,6 +35,41 @@ def test_activations_and_flops_are_counted_per_example_and_scale_with_the_batch(
     # what backward keeps (input, pre-activation or mask, hidden, output) grows with the batch;
     # the parameters are not activations
     assert act8 == pytest.approx(2 * act4, rel=0.05) and 0 < act4 < 4 * 4 * (10 + 20 + 20 + 1) * 2
+
+
+class _Fixed(nn.Module):
+    """A per-example linear layer plus a step cost that does not grow with the batch (as a NAC's
+    circuit: a product of a module-by-module matrix)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer, self.sig = nn.Linear(10, 20), nn.Parameter(torch.randn(64, 32))
+
+    def forward(self, x):
+        circuit = torch.tanh(self.sig @ self.sig.T).mean()
+        return self.layer(x).relu().mean(-1) * circuit
+
+
+def test_a_step_cost_that_does_not_grow_with_the_batch_is_not_scaled():
+    torch.manual_seed(0)
+    model, x = _Fixed(), torch.randn(64, 10)
+
+    def loss_on(m, n):
+        return m(x[:n]).square().mean()
+
+    def part(samples, **kw):
+        return harness.DryRun("m", model, lambda m: loss_on(m, samples), samples, 64, 1, **kw)
+
+    exact_act, exact_flops = budget._measure(part(64))  # the whole batch, measured
+    (fitted,) = budget._estimates(
+        "x", SimpleNamespace(dry_run=lambda c: [part(4, loss_on=loss_on)]), None
+    )
+    (scaled,) = budget._estimates("x", SimpleNamespace(dry_run=lambda c: [part(4)]), None)
+    assert fitted.peak_bytes() - fitted.static_bytes == pytest.approx(exact_act, rel=1e-6)
+    assert fitted.flops_per_step == pytest.approx(exact_flops, rel=1e-6)
+    assert fitted.fixed_activation_bytes > 0 and fitted.activation_bytes > 0
+    # scaled alone, the fixed part would count 16 times at batch 64
+    assert scaled.peak_bytes() > fitted.peak_bytes() and scaled.flops_per_step > exact_flops
 
 
 def test_accumulation_is_the_smallest_divisor_of_the_batch_that_fits():

@@ -8,7 +8,9 @@ the CPU from the experiment's own :func:`dry_run`:
 * **activation memory**: every tensor autograd keeps for the backward pass, counted once per
   storage with :func:`torch.autograd.graph.saved_tensors_hooks` while the real training loss runs
   on the dry run's small batch, then scaled to the configured batch (measured in float32: an
-  upper bound, since autocast keeps many of them in 16 bits);
+  upper bound, since autocast keeps many of them in 16 bits); where the dry run also gives the
+  loss on fewer examples (``DryRun.loss_on``), the part that does not grow with the batch (a
+  NAC's circuit) is told apart from two batch sizes and not scaled;
 * **FLOPs per step**, forward and backward, counted with :class:`torch.utils.flop_counter.FlopCounterMode`
   and scaled the same way;
 * on each GPU of :data:`GPUS`: whether the step fits (with :data:`HEADROOM` of the memory), the
@@ -86,8 +88,9 @@ class Estimate:
     parameters: int
     batch_size: int
     steps: int
-    activation_bytes: float  # at batch_size
+    activation_bytes: float  # the part that grows with the batch, at batch_size
     flops_per_step: float  # forward and backward, at batch_size
+    fixed_activation_bytes: float = 0.0  # the part that does not (a NAC's circuit)
 
     @property
     def static_bytes(self) -> float:
@@ -96,7 +99,7 @@ class Estimate:
 
     def peak_bytes(self, accumulate: int = 1) -> float:
         """Memory of one step with micro-batches of ``batch_size / accumulate``."""
-        return self.static_bytes + self.activation_bytes / accumulate
+        return self.static_bytes + self.fixed_activation_bytes + self.activation_bytes / accumulate
 
     def accumulation(self, gpu: GPU) -> int | None:
         """The smallest divisor ``a`` of the batch whose micro-batches (``batch / a``) fit
@@ -118,13 +121,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else [1]
 
 
-def _measure(part: harness.DryRun) -> tuple[float, float]:
+def _measure(part: harness.DryRun, n: int | None = None) -> tuple[float, float]:
     """Bytes autograd keeps for backward (:func:`modnets.timing.saved_bytes`; the parameters
     are not activations), and FLOPs of forward + backward, on the dry run's batch
-    (``part.samples`` examples)."""
+    (``part.samples`` examples; its first ``n`` with ``n``)."""
     model = part.model.train()
     with FlopCounterMode(display=False) as counter:
-        saved = saved_bytes(lambda: part.seeded_loss(model).backward(), exclude=model.parameters())
+        saved = saved_bytes(
+            lambda: part.seeded_loss(model, n).backward(), exclude=model.parameters()
+        )
     model.zero_grad(set_to_none=True)
     return float(saved), float(counter.get_total_flops())
 
@@ -153,7 +158,17 @@ def _estimates(experiment: str, module, config) -> list[Estimate]:
     for part in parts:
         if part.batch_size <= 0 or part.samples <= 0:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
+        if part.loss_on is not None and part.samples < 2:
+            raise ValueError(f"{experiment} {part.name!r}: loss_on needs samples >= 2")
         act, flops = _measure(part)
+        fixed_act = fixed_flops = 0.0
+        if part.loss_on is not None:  # cost = fixed + n x per example, from n and n / 2 examples
+            half = part.samples // 2
+            act_half, flops_half = _measure(part, half)
+            per_act = (act - act_half) / (part.samples - half)
+            per_flops = (flops - flops_half) / (part.samples - half)
+            fixed_act, fixed_flops = act - part.samples * per_act, flops - part.samples * per_flops
+            act, flops = act - fixed_act, flops - fixed_flops
         scale = part.batch_size / part.samples
         out.append(
             Estimate(
@@ -163,7 +178,8 @@ def _estimates(experiment: str, module, config) -> list[Estimate]:
                 part.batch_size,
                 part.steps,
                 act * scale,
-                flops * scale,
+                flops * scale + fixed_flops,
+                fixed_act,
             )
         )
     return out

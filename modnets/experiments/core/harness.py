@@ -310,13 +310,17 @@ class DryRun:
     samples: int = 2  # examples in the batch ``loss`` uses
     batch_size: int = 0  # the configured training batch (0: not given)
     steps: int = 0  # optimiser steps of one full training of this model at one seed (0: not given)
+    # the loss on the first n examples (n <= samples), given where part of a step's cost does not
+    # grow with the batch (a NAC's circuit): the budget then measures two batch sizes
+    loss_on: Callable[[nn.Module, int], torch.Tensor] | None = None
 
-    def seeded_loss(self, model: nn.Module) -> torch.Tensor:
-        """``loss(model)`` with its random draws (dropout, DropPath, augmentation) from seed 0:
-        the same on every dry run, the caller's random state untouched."""
+    def seeded_loss(self, model: nn.Module, n: int | None = None) -> torch.Tensor:
+        """``loss(model)`` (``loss_on(model, n)`` with ``n``), its random draws (dropout,
+        DropPath, augmentation) from seed 0: the same on every dry run, the caller's random state
+        untouched."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            return self.loss(model)
+            return self.loss(model) if n is None else self.loss_on(model, n)
 
 
 def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:

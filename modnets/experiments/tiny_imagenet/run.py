@@ -72,6 +72,7 @@ def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
                 samples=4,
                 batch_size=tc.batch_size,
                 steps=tc.epochs * (n // tc.batch_size),
+                loss_on=lambda m, k, step=step: step(m, torch.arange(k))["loss"],
             )
         )
     return parts
