@@ -29,6 +29,10 @@ export MODNETS_DATA := $(abspath ../shared/data)
 endif
 endif
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# pip installs without compiling (--no-compile below): each process compiles the modules it
+# imports and keeps their bytecode for the next, and most of what pip would compile (packages'
+# tests, servers) is never imported. For that, no recipe runs with PYTHONDONTWRITEBYTECODE.
+unexport PYTHONDONTWRITEBYTECODE
 # The CPU thread policy (modnets/threads.py, where the value is chosen): libgomp reads it when
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
@@ -49,10 +53,6 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# pip does not compile what it installs: a process compiles each module it imports and keeps the
-# bytecode for the next (most of what pip would compile, packages' tests and servers, is never
-# imported). For that, no recipe runs with PYTHONDONTWRITEBYTECODE.
-unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-compile --upgrade pip
 	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"; fi

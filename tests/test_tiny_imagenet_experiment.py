@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_tiny_imagenet_data import make_tree
 
+from modnets.data.tiny_imagenet import normalize
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
 from modnets.experiments.core.harness import SCHEMA
@@ -274,6 +275,20 @@ def test_curves_on_tokens_computed_once_score_as_the_images_do(kind):
     tokens = ti.val_tokens(model, data, 4)
     assert len(tokens) == 3 and ti.evaluate_tokens(model, tokens, y) == ti.evaluate(model, x, y, 4)
     assert model.tokenizer is not None  # skipped for that evaluation only
+    # the logits themselves: a pruned model on the tokens is the pruned model on the images
+    small = pruned(model, 0.5, order, 0)
+    small.eval()
+    with torch.no_grad():
+        on_images = [small(normalize(x[i : i + 4]).float()) for i in range(0, 11, 4)]
+        small.tokenizer, tokenizer = None, small.tokenizer
+        on_tokens = [small(t) for t in tokens]
+    assert all(torch.equal(a, b) for a, b in zip(on_images, on_tokens, strict=True))
+    small.tokenizer = tokenizer
+    with pytest.raises(ValueError, match="tokens"):  # a failing forward leaves the tokenizer
+        ti.evaluate_tokens(small, [torch.zeros(2, 5, 7)], y[:2])
+    assert small.tokenizer is tokenizer
+    with pytest.raises(ValueError, match="tokens hold 8 examples and y 11"):
+        ti.evaluate_tokens(small, tokens[:2], y)
 
 
 def test_tokenizer_shapes_and_errors():

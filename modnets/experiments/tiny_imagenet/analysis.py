@@ -38,7 +38,8 @@ def val_tokens(model: nn.Module, data: Data, batch_size: int = 256) -> list[Tens
 @torch.no_grad()
 def evaluate_tokens(model: nn.Module, tokens: list[Tensor], y: Tensor) -> dict:
     """Top-1 and top-5 accuracy of ``model`` on :func:`val_tokens` (its tokenizer skipped): the
-    same computation as ``evaluate`` on the images, bit for bit."""
+    same computation as ``evaluate`` on the images, bit for bit. The tokens are float32 under
+    autocast too (the tokenizer ends in a LayerNorm), as the model's input check asks."""
     model.eval()
     device = next(model.parameters()).device
     tokenizer, model.tokenizer = model.tokenizer, None
@@ -54,6 +55,10 @@ def evaluate_tokens(model: nn.Module, tokens: list[Tensor], y: Tensor) -> dict:
             top5 += (best == target[:, None]).any(-1).sum().item()
     finally:
         model.tokenizer = tokenizer
+    if start != len(y):
+        raise ValueError(
+            f"tokens hold {start} examples and y {len(y)}: pass val_tokens of y's data"
+        )
     return {"top1": top1 / len(y), "top5": top5 / len(y)}
 
 
