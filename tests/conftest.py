@@ -2,7 +2,6 @@ import os
 import signal
 
 import pytest
-import torch
 
 
 def pytest_collection_modifyitems(items):
@@ -26,6 +25,8 @@ def _private_checkpoints(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    import torch  # here, not at the top: pytest-xdist's controlling process never needs it
+
     torch.manual_seed(0)
 
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from smoke_checks import DATA, check_smoke_results, missing_data
 from torch import nn
 
 from modnets.experiments.core.cli import experiment_main
@@ -108,16 +109,6 @@ def _without_times(obj):
     return obj
 
 
-#: What each experiment's smoke run reads below the data root (fuzzy Booleans: nothing).
-DATA = {
-    "fuzzy_boolean": (),
-    "digits": ("MNIST/raw", "KMNIST/raw", "MNIST-M/mnist_m"),
-    "tiny_imagenet": ("TinyImageNet/tiny-imagenet-200",),
-    "stacked_mnist": ("MNIST/raw",),
-    "side_by_side": ("MNIST/raw", "KMNIST/raw"),
-}
-
-
 @pytest.fixture
 def one_thread():
     """Torch on one thread here, as in the subprocess a test starts with OMP_NUM_THREADS=1:
@@ -137,10 +128,10 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
     """A real SIGINT to the command line somewhere in a smoke run of each experiment (a sweep, a
     training, an evaluation or a checkpoint write), then ``--resume``: the same results as a run
     never interrupted. The interrupted run is a process of its own; the uninterrupted run and the
-    resumed one run the same command line in this process (no start-up of their own to pay)."""
-    from modnets.data import data_root
-
-    missing = [d for d in DATA[name] if not (data_root() / d).exists()]
+    resumed one run the same command line in this process (no start-up of their own to pay).
+    The uninterrupted run's results are the smoke results every experiment's command line
+    writes (``smoke_checks``)."""
+    missing = missing_data(name)
     if missing:
         pytest.skip(f"the {name} data is not here: {missing}")
     main = importlib.import_module(f"modnets.experiments.{name}").main
@@ -151,6 +142,7 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
     begun = time.perf_counter()
     main([*args, str(tmp_path / "whole.json")])
     work = time.perf_counter() - begun
+    check_smoke_results(name, json.loads((tmp_path / "whole.json").read_text()), tmp_path)
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "b"))
     out = tmp_path / "interrupted.json"
     cmd = [sys.executable, "-m", f"modnets.experiments.{name}", *args, str(out)]

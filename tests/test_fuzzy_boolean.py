@@ -25,8 +25,6 @@ from modnets.data.fuzzy_boolean import (
 )
 from modnets.experiments import fuzzy_boolean as fb
 from modnets.experiments.core import fingerprints
-from modnets.experiments.core.harness import SCHEMA
-from modnets.experiments.core.rules import EXPERIMENT_RULES
 from modnets.training import CheckpointError, r2_score
 
 # the module, not the function the package names after it
@@ -182,34 +180,6 @@ def test_regimes_freeze_exactly_the_intended_parameters():
     assert fb.set_trainable(model, "all") == n_all
     with pytest.raises(ValueError, match="regime"):
         fb.set_trainable(model, "heads")
-
-
-def test_experiment_runs_end_to_end_at_smoke_profile(tmp_path):
-    out = tmp_path / "results.json"
-    fb.main(["--profile", "smoke", "--quiet", "--out", str(out)])
-    results = json.loads(out.read_text())
-    assert tuple(results) == SCHEMA
-    assert results["profile"] == "smoke" and results["seeds"] == [0, 1]
-    models = results["models"]
-    for key in ("pretrain", *fb.REGIMES):
-        assert [r["seed"] for r in models[key]["per_seed"]] == [0, 1]
-        for r in models[key]["per_seed"]:
-            n = 20 if key == "pretrain" else 10
-            assert len(r["r2"]) == n and all(np.isfinite(r["r2"]))
-        assert models[key]["mean_r2"]["n"] == 2
-    n = {k: models[k]["per_seed"][0]["trainable_parameters"] for k in fb.REGIMES}
-    assert n["cls"] < n["type"] < n["all"]
-    assert [c["id"] for c in results["claims"]] == list(EXPERIMENT_RULES["fuzzy_boolean"])
-    routing = results["diagnostics"]["routing_after_pretraining"]
-    assert len(routing) == 2 and len(routing[0]["functions_per_token"]) == 2  # seeds, iterations
-    shift = results["diagnostics"]["routing_shift"]
-    assert [s["seed"] for s in shift] == [0, 1]
-    assert all(
-        len(s[r]) == 2 and 0 <= min(s[r]) <= max(s[r]) <= 1 for s in shift for r in fb.REGIMES
-    )
-    assert max(shift[0]["cls"][:1]) < 1e-6  # CLS tokens alone cannot move the first iteration
-    assert "NI Table 1" in fb.format_summary(results)
-    assert not list(tmp_path.glob("*.tmp"))
 
 
 def _made_up(r2: dict) -> dict:

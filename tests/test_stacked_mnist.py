@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from smoke_checks import check_smoke_results, on_fake_data
 from test_digits_data import fake_mnist
 
 from modnets.data import digits as digits_data
@@ -376,6 +377,7 @@ def test_claims_compute_every_verdict_from_made_up_results():
 
 
 @pytest.mark.long
+@on_fake_data("stacked_mnist")
 def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
     fake_mnist(
         env / "data", n=700, prefix="train"
@@ -385,19 +387,7 @@ def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
     )  # no md5 for fakes
     out = env / "results.json"
     sm.main(["--profile", "smoke", "--quiet", "--out", str(out)])
-    results = json.loads(out.read_text())
-    assert tuple(results) == harness.SCHEMA
-    assert results["profile"] == "smoke" and results["seeds"] == [0, 1]
-    ids = [c["id"] for c in results["claims"]]
-    assert ids == ["table5-2", "table5-4", "table5-5", "table5-interaction"]
-    assert all(
-        c["kind"] == "paper" and "mde" in c and "verdict_holm" in c for c in results["claims"]
-    )
-    assert results["regime"]["required"] and not set(results["seeds"]) & set(
-        results["selection_seeds"]
-    )
-    for name in ("CNN", "NFM(CNN)"):
-        assert [r["seed"] for r in results["models"][name]["per_seed"]] == [0, 1]
+    check_smoke_results("stacked_mnist", json.loads(out.read_text()), env)
 
 
 def test_training_history_tracks_each_reads_gamma(env):

@@ -1,0 +1,96 @@
+"""What each experiment's command line writes at smoke. test_cli.py's Ctrl-C test runs that
+command line on the real data anyway and checks its results here; an experiment's own test runs
+it on fake data, with the same checks, only where the real data is not here."""
+
+import numpy as np
+import pytest
+
+from modnets.data import data_root
+from modnets.experiments import fuzzy_boolean as fb
+from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.core.harness import SCHEMA
+from modnets.experiments.core.rules import EXPERIMENT_RULES
+
+#: What each experiment's smoke run reads below the data root (fuzzy Booleans: nothing).
+DATA = {
+    "fuzzy_boolean": (),
+    "digits": ("MNIST/raw", "KMNIST/raw", "MNIST-M/mnist_m"),
+    "tiny_imagenet": ("TinyImageNet/tiny-imagenet-200",),
+    "stacked_mnist": ("MNIST/raw",),
+    "side_by_side": ("MNIST/raw", "KMNIST/raw"),
+}
+
+
+def missing_data(name: str) -> list[str]:
+    """The folders of ``name``'s smoke run that are not below the data root."""
+    return [d for d in DATA[name] if not (data_root() / d).exists()]
+
+
+def on_fake_data(name: str):
+    """Run the marked test only where the real data of ``name`` is missing."""
+    return pytest.mark.skipif(
+        not missing_data(name),
+        reason=f"the real {name} data is here: test_cli.py's Ctrl-C test checks the same",
+    )
+
+
+def _fuzzy_boolean(results: dict) -> None:
+    models = results["models"]
+    for key in ("pretrain", *fb.REGIMES):
+        assert [r["seed"] for r in models[key]["per_seed"]] == [0, 1]
+        for r in models[key]["per_seed"]:
+            n = 20 if key == "pretrain" else 10
+            assert len(r["r2"]) == n and all(np.isfinite(r["r2"]))
+        assert models[key]["mean_r2"]["n"] == 2
+    n = {k: models[k]["per_seed"][0]["trainable_parameters"] for k in fb.REGIMES}
+    assert n["cls"] < n["type"] < n["all"]
+    assert [c["id"] for c in results["claims"]] == list(EXPERIMENT_RULES["fuzzy_boolean"])
+    routing = results["diagnostics"]["routing_after_pretraining"]
+    assert len(routing) == 2 and len(routing[0]["functions_per_token"]) == 2  # seeds, iterations
+    shift = results["diagnostics"]["routing_shift"]
+    assert [s["seed"] for s in shift] == [0, 1]
+    assert all(
+        len(s[r]) == 2 and 0 <= min(s[r]) <= max(s[r]) <= 1 for s in shift for r in fb.REGIMES
+    )
+    assert max(shift[0]["cls"][:1]) < 1e-6  # CLS tokens alone cannot move the first iteration
+    assert "NI Table 1" in fb.format_summary(results)
+
+
+def _tiny_imagenet(results: dict) -> None:
+    assert "top-1" in ti.format_summary(results)
+
+
+def _stacked_mnist(results: dict) -> None:
+    ids = [c["id"] for c in results["claims"]]
+    assert ids == ["table5-2", "table5-4", "table5-5", "table5-interaction"]
+    assert all(
+        c["kind"] == "paper" and "mde" in c and "verdict_holm" in c for c in results["claims"]
+    )
+    assert results["regime"]["required"] and not set(results["seeds"]) & set(
+        results["selection_seeds"]
+    )
+    for name in ("CNN", "NFM(CNN)"):
+        assert [r["seed"] for r in results["models"][name]["per_seed"]] == [0, 1]
+
+
+def _side_by_side(results: dict) -> None:
+    assert all(c["kind"] == "ours" for c in results["claims"])  # no claim of a paper
+
+
+_CHECKS = {
+    "fuzzy_boolean": _fuzzy_boolean,
+    "digits": lambda results: None,
+    "tiny_imagenet": _tiny_imagenet,
+    "stacked_mnist": _stacked_mnist,
+    "side_by_side": _side_by_side,
+}
+
+
+def check_smoke_results(name: str, results: dict, folder) -> None:
+    """The results ``name``'s command line wrote at smoke into ``folder``: the schema, the seeds,
+    every claim with its verdict, and no temporary file left beside them."""
+    assert tuple(results) == SCHEMA
+    assert results["profile"] == "smoke" and results["seeds"] == [0, 1]
+    assert results["claims"] and all(c["verdict"] for c in results["claims"])
+    _CHECKS[name](results)
+    assert not list(folder.glob("*.tmp"))
