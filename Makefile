@@ -29,9 +29,10 @@ export MODNETS_DATA := $(abspath ../shared/data)
 endif
 endif
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
-# pip installs without compiling (--no-compile below): each process compiles the modules it
-# imports and keeps their bytecode for the next, and most of what pip would compile (packages'
-# tests, servers) is never imported. For that, no recipe runs with PYTHONDONTWRITEBYTECODE.
+# The install compiles no bytecode (pip --no-compile; uv compiles none unless asked): each
+# process compiles the modules it imports and keeps their bytecode for the next, and most of the
+# installed files (packages' tests, servers) are never imported. For that, no recipe runs with
+# PYTHONDONTWRITEBYTECODE.
 unexport PYTHONDONTWRITEBYTECODE
 # The CPU thread policy (modnets/threads.py, where the value is chosen): libgomp reads it when
 # torch loads, so the notebooks' kernels get it from here.
@@ -53,10 +54,16 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# torch through pip, which reads this machine's pip configuration (where the CPU build lies);
+# the rest through uv, which installs in parallel what pip installs one package at a time (the
+# same versions), or through pip where uv cannot be had.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q --no-compile --upgrade pip
 	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	if $(PY) -m pip install -q --no-compile uv 2>/dev/null; then
+		$(BIN)/uv pip install -q --python $(PY) -e ".[$(EXTRAS)]"
+	else
+		$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	fi
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
