@@ -54,11 +54,13 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch through pip, which reads this machine's pip configuration (where the CPU build lies);
-# the rest through uv, which installs in parallel what pip installs one package at a time (the
-# same versions), or through pip where uv cannot be had.
+# torch alone through pip, which reads this machine's pip configuration (where the CPU build
+# lies); its dependencies and the rest through uv, which installs in parallel what pip installs
+# one package at a time (the same versions), or through pip where uv cannot be had.
 $(STAMP): pyproject.toml | $(PY)
-	if ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"; fi
+	if ! $(PY) -c "import torch" 2>/dev/null; then
+		$(PY) -m pip install -q --no-compile --no-deps "$(TORCH_SPEC)"
+	fi
 	if $(PY) -m pip install -q --no-compile uv 2>/dev/null; then
 		$(BIN)/uv pip install -q --python $(PY) -e ".[$(EXTRAS)]"
 	else
