@@ -207,8 +207,10 @@ def test_ood_dip_is_the_gap_below_the_geometric_mean_of_the_neighbours():
 
 
 @pytest.mark.long
-def test_run_trains_checkpoints_reloads_and_saves(env):
-    first = sm.run(TINY, profile="smoke", show_progress=False, verify=False)
+def test_run_trains_in_workers_checkpoints_reloads_and_saves(env):
+    """The models trained in two worker processes are the ones the run loads and reports; a
+    second run (in this process) trains nothing and reports the same."""
+    first = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=2)
     assert tuple(first) == harness.SCHEMA and first["seeds"] == [0, 1]
     assert set(first["models"]) == {"CNN", "NFM(CNN)"}
     nfm, cnn = first["models"]["NFM(CNN)"], first["models"]["CNN"]
@@ -236,7 +238,9 @@ def test_run_trains_checkpoints_reloads_and_saves(env):
     files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
     assert len(files) == 4 and not any(f.endswith(".train.pt") for f in files)  # 2 models x 2 seeds
     assert sum(f.startswith("stacked_mnist-nfm_") for f in files) == 2
-    again = sm.run(TINY, profile="smoke", show_progress=False, verify=False)  # from checkpoints
+    written = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
+    again = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=1)
+    assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == written
     assert again["models"]["NFM(CNN)"]["test"] == nfm["test"]
     assert again["models"]["CNN"]["per_seed"][1]["history"] == cnn["per_seed"][1]["history"]
     loaded = load_results(save_results(first, env / "out.json"))
@@ -469,16 +473,6 @@ def test_the_max_head_is_trained_beside_for_the_dip(env):
     files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
     # per seed: one CNN pretraining per head, the two finetuned models, the max head's CNN
     assert len(files) == 2 * 5 and sum("-finetuned_" in f for f in files) == 2 * 3
-
-
-@pytest.mark.long
-def test_models_trained_in_worker_processes_are_the_ones_the_run_loads(env):
-    first = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=2)
-    files = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
-    assert len(files) == 4  # 2 models x 2 seeds: the run's own loop trained nothing more
-    again = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=1)
-    assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
-    assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]
 
 
 @pytest.mark.long
