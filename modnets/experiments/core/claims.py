@@ -24,6 +24,7 @@ Holm's correction within a family (one paper's claims). Power, TOST and Holm com
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -141,10 +142,16 @@ def mde(sd: float, n: int, equivalence: bool = False) -> float | None:
     smallest margin shown with that power when the true difference is 0."""
     if n < 2 or not math.isfinite(sd) or sd <= 0:
         return None
+    return _standard_mde(n, equivalence) * sd
+
+
+# The solve depends on n alone, and seeds_needed bisects over n: each n is solved once.
+@functools.cache
+def _standard_mde(n: int, equivalence: bool) -> float:
+    """The MDE in units of the spread (Cohen's d) over ``n`` seeds."""
     from statsmodels.stats.power import TTestPower
 
-    d = TTestPower().solve_power(nobs=n, **_power_args(equivalence))
-    return float(np.squeeze(d)) * sd
+    return float(np.squeeze(TTestPower().solve_power(nobs=n, **_power_args(equivalence))))
 
 
 def seeds_needed(effect: float, sd: float, equivalence: bool = False) -> int | None:
