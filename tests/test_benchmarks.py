@@ -305,14 +305,20 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
 def test_the_seed_worker_child_times_each_model_once_per_go(monkeypatch, capsys):
     import io
 
+    # the protocol, on two models (every model's two steps: the train_steps test at smoke)
+    every = b.steps._experiment_models
+    monkeypatch.setattr(
+        b.steps, "_experiment_models", lambda cfg: dict(list(every(cfg).items())[:2])
+    )
     threads = torch.get_num_threads()
-    monkeypatch.setattr(b.steps.sys, "stdin", io.StringIO("go\n" * 7))
+    monkeypatch.setattr(b.steps.sys, "stdin", io.StringIO("go\n" * 2))
     try:
         b.steps._as_run_child("smoke", 0.01, 1, 1)
     finally:
         torch.set_num_threads(threads)
     lines = [json.loads(x[3:]) for x in capsys.readouterr().out.splitlines() if x[:3] == "@@ "]
     models = list(b.steps._experiment_models(b.CONFIGS["smoke"]))
+    assert len(models) == 2
     assert [x["model"] for x in lines[::2]] == models  # ready, then one timing per go
     assert all(x["as_run_ms"] > 0 and x["plain_ms"] > 0 for x in lines[1::2])
 
