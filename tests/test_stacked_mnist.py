@@ -459,31 +459,26 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
     assert cnn.pool == "flatten"
 
 
-def test_the_max_head_is_trained_beside_for_the_dip(env):
-    res = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False)
-    heads = res["diagnostics"]["per_seed"][0]["heads"]
+@pytest.mark.long
+def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
+    """The cpu profile's protocol (the CNN first, then both models from it) in two worker
+    processes, the max head trained beside for the dip; a second run trains nothing."""
+    rounds = sm_run._tasks(TINY_FT)
+    assert [{t[2] for t in r} for r in rounds] == [{"pretrain"}, {"nfm", "cnn"}]
+    assert rounds[1][0][2] == "nfm"  # the longest first
+    first = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=2)
+    heads = first["diagnostics"]["per_seed"][0]["heads"]
     assert set(heads) == {"flatten", "max"}
-    cnn = res["models"]["CNN"]["per_seed"][0]["test"]
+    cnn = first["models"]["CNN"]["per_seed"][0]["test"]
     assert heads["flatten"]["test"] == {c: r["exact"] for c, r in cnn.items()}
     assert set(heads["max"]["ood_dip"]) == {"2", "4"} and set(heads["max"]["convergence"]) == {
         "pretrain",
         "finetune",
     }
-    assert set(res["diagnostics"]["head_dips"]) == {"flatten", "max"}
-    files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
-    # per seed: one CNN pretraining per head, the two finetuned models, the max head's CNN
-    assert len(files) == 2 * 5 and sum("-finetuned_" in f for f in files) == 2 * 3
-
-
-@pytest.mark.long
-def test_finetuned_models_train_in_workers_after_the_cnns_they_go_on_from(env):
-    rounds = sm_run._tasks(TINY_FT)
-    assert [{t[2] for t in r} for r in rounds] == [{"pretrain"}, {"nfm", "cnn"}]
-    assert rounds[1][0][2] == "nfm"  # the longest first
-    first = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=2)
+    assert set(first["diagnostics"]["head_dips"]) == {"flatten", "max"}
     files = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
-    # per seed: two pretrained CNNs (both heads), both finetuned CNNs and NFM(CNN)
-    assert len(files) == 2 * 5
+    # per seed: one CNN pretraining per head, the two finetuned models, the max head's CNN
+    assert len(files) == 2 * 5 and sum("-finetuned_" in p.name for p in files) == 2 * 3
     again = sm.run(TINY_FT, profile="smoke", show_progress=False, verify=False, workers=1)
     assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == files
     assert again["models"]["NFM(CNN)"]["test"] == first["models"]["NFM(CNN)"]["test"]
