@@ -56,14 +56,14 @@ $(PY):
 
 # torch alone through pip, which reads this machine's pip configuration (where the CPU build
 # lies); its dependencies and the rest through uv, which installs in parallel what pip installs
-# one package at a time (the same versions), or through pip where uv cannot be had.
+# one package at a time (uv reads no pip configuration: it resolves on PyPI), or through pip
+# where uv cannot be had or fails.
 $(STAMP): pyproject.toml | $(PY)
 	if ! $(PY) -c "import torch" 2>/dev/null; then
 		$(PY) -m pip install -q --no-compile --no-deps "$(TORCH_SPEC)"
 	fi
-	if $(PY) -m pip install -q --no-compile uv 2>/dev/null; then
-		$(BIN)/uv pip install -q --python $(PY) -e ".[$(EXTRAS)]"
-	else
+	if ! { $(PY) -m pip install -q --no-compile uv 2>/dev/null \
+		&& $(BIN)/uv pip install -q --python $(PY) -e ".[$(EXTRAS)]"; }; then
 		$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
 	fi
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null

@@ -3,6 +3,9 @@ import signal
 
 import pytest
 
+# the checks the Ctrl-C test shares with the experiments' tests: failures show their values
+pytest.register_assert_rewrite("smoke_checks")
+
 
 def pytest_collection_modifyitems(items):
     """The long tests (``@pytest.mark.long``) first, the rest in their usual order: `make test`'s

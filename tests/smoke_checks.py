@@ -71,6 +71,14 @@ def _stacked_mnist(results: dict) -> None:
     )
     for name in ("CNN", "NFM(CNN)"):
         assert [r["seed"] for r in results["models"][name]["per_seed"]] == [0, 1]
+    # the max head, trained beside the flatten head for the dip
+    heads = results["diagnostics"]["per_seed"][0]["heads"]
+    assert set(heads) == {"flatten", "max"}
+    cnn = results["models"]["CNN"]["per_seed"][0]["test"]
+    assert heads["flatten"]["test"] == {c: r["exact"] for c, r in cnn.items()}
+    assert set(heads["max"]["ood_dip"]) == {"2", "4"}
+    assert set(heads["max"]["convergence"]) == {"pretrain", "finetune"}
+    assert set(results["diagnostics"]["head_dips"]) == {"flatten", "max"}
 
 
 def _side_by_side(results: dict) -> None:

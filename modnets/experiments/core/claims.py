@@ -142,16 +142,18 @@ def mde(sd: float, n: int, equivalence: bool = False) -> float | None:
     smallest margin shown with that power when the true difference is 0."""
     if n < 2 or not math.isfinite(sd) or sd <= 0:
         return None
-    return _standard_mde(n, equivalence) * sd
+    return _standard_mde(n, **_power_args(equivalence)) * sd
 
 
-# The solve depends on n alone, and seeds_needed bisects over n: each n is solved once.
+# The solve depends on the test and n, not on the spread, and seeds_needed bisects over n:
+# each is solved once.
 @functools.cache
-def _standard_mde(n: int, equivalence: bool) -> float:
+def _standard_mde(n: int, alpha: float, power: float, alternative: str) -> float:
     """The MDE in units of the spread (Cohen's d) over ``n`` seeds."""
     from statsmodels.stats.power import TTestPower
 
-    return float(np.squeeze(TTestPower().solve_power(nobs=n, **_power_args(equivalence))))
+    d = TTestPower().solve_power(nobs=n, alpha=alpha, power=power, alternative=alternative)
+    return float(np.squeeze(d))
 
 
 def seeds_needed(effect: float, sd: float, equivalence: bool = False) -> int | None:
