@@ -16,11 +16,12 @@ with the fused optimiser, the checkpoint key does not include it. With one worke
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
+import select
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -50,20 +51,40 @@ def default_workers(device: torch.device | str | None = None) -> int:
     return os.cpu_count() or 1
 
 
-#: In a worker: whether a task is running (Ctrl-C stops it) and the process that started it.
+#: In a worker: whether a task is running (Ctrl-C stops it), its parent process, and whether a
+#: watch saw the process that started the pool end.
 _busy = False
 _parent = None
+_main_gone = False
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, main: int, environ: dict[str, str]) -> None:
     global _parent
+    # the caller's environment as it is now (MODNETS_CHECKPOINTS, ...), not the fork server's
+    os.environ.clear()
+    os.environ.update(environ)
     torch.set_num_threads(threads)
     _parent = os.getppid()
-    if sys.platform == "linux":  # the parent gone (a killed kernel), a worker stops as on Ctrl-C
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if hasattr(os, "pidfd_open"):  # the main process gone (a killed kernel): stop as on Ctrl-C
+        threading.Thread(target=_stop_when_gone, args=(main,), daemon=True).start()
     if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
         os.setpgrp()
     signal.signal(signal.SIGINT, _interrupt_task)
+
+
+def _stop_when_gone(pid: int) -> None:
+    """Wait for process ``pid`` to end, then stop this worker as a training stops on SIGTERM
+    (it saves its resumable state). On Linux a worker's parent is the fork server, which lives
+    on while its workers do, so the watch is on the main process itself."""
+    global _main_gone
+    try:
+        select.select([os.pidfd_open(pid)], [], [])
+    except ProcessLookupError:  # gone already
+        pass
+    except OSError:  # a kernel without pidfds: no watch
+        return
+    _main_gone = True
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _interrupt_task(signum, frame) -> None:
@@ -82,7 +103,7 @@ def _run_task(fn: Callable, task):
         return fn(task)
     finally:
         _busy = False
-        if os.getppid() != _parent:  # orphaned while it ran: nobody will read the result
+        if _main_gone or os.getppid() != _parent:  # orphaned: nobody will read the result
             os._exit(1)
 
 
@@ -90,8 +111,8 @@ def _run_task(fn: Callable, task):
 def keep_workers():
     """Within the block, :func:`map_tasks` keeps its worker processes for its next call with as
     many workers, so that a run training its models in rounds (each round going on from the
-    last) starts them once, not once a round: a worker's start imports torch and the library,
-    seconds of a core each time. They stop when the block ends."""
+    last) starts them once, not once a round: a worker's start imports the task's modules (and,
+    off Linux, torch), a second or more of a core each time. They stop when the block ends."""
     global _keeping
     if _keeping:  # an outer block keeps them already
         yield
@@ -133,8 +154,12 @@ def map_tasks(
     threads = max(1, (os.cpu_count() or 1) // workers)
     pool = _kept_pool(workers)
     if pool is None:
-        context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools
-        pool = ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=(threads,))
+        pool = ProcessPoolExecutor(
+            workers,
+            _context(),
+            initializer=_init_worker,
+            initargs=(threads, os.getpid(), dict(os.environ)),
+        )
         if _keeping:
             _kept = (workers, pool)
     futures = {pool.submit(_run_task, fn, task): i for i, task in enumerate(tasks)}
@@ -168,6 +193,18 @@ def map_tasks(
     if not _keeping:
         pool.shutdown()
     return results
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """Where workers come from: on Linux, forks of a server process that has imported torch and
+    the library once (a worker then starts in a fraction of a second, not the seconds of a fresh
+    interpreter's imports); elsewhere fresh interpreters. Neither copies the thread pools of a
+    process that has run torch, as a plain fork of this process would."""
+    if sys.platform != "linux":  # macOS forks badly once system frameworks are loaded
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "modnets.parallel"])
+    return context
 
 
 def _kept_pool(workers: int) -> ProcessPoolExecutor | None:

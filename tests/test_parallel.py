@@ -22,6 +22,10 @@ def _where(x):
     return x, os.getpid(), torch.get_num_threads()
 
 
+def _environ(name):
+    return os.environ.get(name)
+
+
 def _fails(x):
     if x == 2:
         raise RuntimeError(f"task {x} failed")
@@ -66,6 +70,14 @@ def test_tasks_run_in_worker_processes_in_order_with_their_share_of_threads():
     assert not multiprocessing.active_children()  # stopped with the block
     inline = parallel.map_tasks(_where, [5, 6], workers=1, show_progress=False)
     assert [(x, pid) for x, pid, _ in inline] == [(5, os.getpid()), (6, os.getpid())]
+
+
+def test_workers_see_the_environment_as_it_is_at_the_call(monkeypatch):
+    # a variable set after workers first started (the fork server's environment is older)
+    parallel.map_tasks(_where, [1, 2], workers=2, show_progress=False)
+    monkeypatch.setenv("MODNETS_CHECKPOINTS", "/set/after/the/first/call")
+    seen = parallel.map_tasks(_environ, ["MODNETS_CHECKPOINTS"] * 2, workers=2, show_progress=False)
+    assert seen == ["/set/after/the/first/call"] * 2
 
 
 @pytest.mark.long
@@ -116,11 +128,11 @@ def test_workers_one_process_at_smoke_and_on_an_accelerator(monkeypatch):
 
 def _parent_of_a_worker(path):
     """Start a worker on a long task, then die without a word (as a killed kernel does)."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
     pool = parallel.ProcessPoolExecutor(
-        1, context, initializer=parallel._init_worker, initargs=(1,)
+        1,
+        parallel._context(),
+        initializer=parallel._init_worker,
+        initargs=(1, os.getpid(), dict(os.environ)),
     )
     pool.submit(parallel._run_task, _sleeps, path)
     while not path.exists():
