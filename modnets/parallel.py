@@ -196,14 +196,15 @@ def map_tasks(
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """Where workers come from: on Linux, forks of a server process that has imported torch and
-    the library once (a worker then starts in a fraction of a second, not the seconds of a fresh
-    interpreter's imports); elsewhere fresh interpreters. Neither copies the thread pools of a
-    process that has run torch, as a plain fork of this process would."""
+    """Where workers come from: on Linux, forks of a server process that has imported torch,
+    its compiler's front end (which every torch optimiser loads) and the library once, so a
+    worker starts in a fraction of a second, not the seconds of a fresh interpreter's imports;
+    elsewhere fresh interpreters. Neither copies the thread pools of a process that has run
+    torch, as a plain fork of this process would."""
     if sys.platform != "linux":  # macOS forks badly once system frameworks are loaded
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "modnets.parallel"])
+    context.set_forkserver_preload(["torch", "torch._dynamo", "modnets.parallel"])
     return context
 
 

@@ -684,7 +684,7 @@ off = ~torch.eye(U, dtype=torch.bool)
 prior = graphon("scale_free", U)
 reg = GraphPriorRegularizer(prior)
 fit_steps = select(
-    {"smoke": 400, "cpu": 1500, "gpu": 1500}
+    {"smoke": 100, "cpu": 1500, "gpu": 1500}
 )  # settled well before 1,500
 
 

@@ -5,8 +5,8 @@ import importlib
 import json
 import os
 import random
+import runpy
 import signal
-import subprocess
 import sys
 import time
 
@@ -15,6 +15,7 @@ import torch
 from smoke_checks import DATA, check_smoke_results, missing_data
 from torch import nn
 
+from modnets import parallel
 from modnets.experiments.core.cli import experiment_main
 from modnets.training import TrainConfig, fit
 
@@ -111,12 +112,31 @@ def _without_times(obj):
 
 @pytest.fixture
 def one_thread():
-    """Torch on one thread here, as in the subprocess a test starts with OMP_NUM_THREADS=1:
-    the runs compared then round alike."""
+    """Torch on one thread here, as in the process the test starts: the runs compared then
+    round alike."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _command_line(name: str, argv: list[str], environ: dict, err_path) -> None:
+    """``python -m modnets.experiments.<name> argv`` in a process forked from the library's fork
+    server (torch already loaded), with the caller's environment and one thread; what it says
+    on stderr goes to ``err_path``."""
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(1)
+    sys.argv = [name, *argv]  # runpy puts the module's path first
+    with open(err_path, "w") as err:
+        sys.stderr = err
+        try:
+            runpy.run_module(f"modnets.experiments.{name}", run_name="__main__", alter_sys=True)
+        except SystemExit as stop:  # a message to the user: the exit status 1, as Python gives
+            if stop.code is not None and not isinstance(stop.code, int):
+                print(stop.code, file=err)
+                raise SystemExit(1) from None
+            raise
 
 
 @pytest.mark.parametrize("name", sorted(DATA))
@@ -127,40 +147,40 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
 ):
     """A real SIGINT to the command line somewhere in a smoke run of each experiment (a sweep, a
     training, an evaluation or a checkpoint write), then ``--resume``: the same results as a run
-    never interrupted. The interrupted run is a process of its own; the uninterrupted run and the
-    resumed one run the same command line in this process (no start-up of their own to pay).
-    The uninterrupted run's results are the smoke results every experiment's command line
-    writes (``smoke_checks``)."""
+    never interrupted. The interrupted run is a process of its own (its ``__main__`` run as
+    ``python -m`` runs it, in a fork of a process that has loaded torch, which a fresh
+    interpreter would spend seconds on); the uninterrupted run and the resumed one run the same
+    command line in this process (no start-up of their own to pay). The uninterrupted run's
+    results are the smoke results every experiment's command line writes (``smoke_checks``)."""
     missing = missing_data(name)
     if missing:
         pytest.skip(f"the {name} data is not here: {missing}")
     main = importlib.import_module(f"modnets.experiments.{name}").main
     args = ["--profile", "smoke", "--quiet", "--out"]
     monkeypatch.setenv("MODNETS_COMPILE", "0")
-
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "a"))
     begun = time.perf_counter()
     main([*args, str(tmp_path / "whole.json")])
     work = time.perf_counter() - begun
     check_smoke_results(name, json.loads((tmp_path / "whole.json").read_text()), tmp_path)
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "b"))
-    out = tmp_path / "interrupted.json"
-    cmd = [sys.executable, "-m", f"modnets.experiments.{name}", *args, str(out)]
-    proc = subprocess.Popen(
-        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True
+    out, err = tmp_path / "interrupted.json", tmp_path / "stderr.txt"
+    proc = parallel._context().Process(
+        target=_command_line, args=(name, [*args, str(out)], dict(os.environ), err)
     )
+    proc.start()
     # Past start-up (the command line has checked that it can write its checkpoint folder, which
     # it creates, just before the run begins), before the end: the run here took `work` with the
     # data caches it filled, which that process reads too.
     while not (tmp_path / "b").exists():
-        assert proc.poll() is None, "the interrupted run ended before it began"
+        assert proc.is_alive(), "the interrupted run ended before it began"
         time.sleep(0.02)
     time.sleep(random.Random(0).uniform(0.15, 0.45) * work)
-    assert proc.poll() is None, "the run ended before the signal: the test's timing is off"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and not out.exists(), "the run was not stopped"
-    assert "--resume" in err
+    assert proc.is_alive(), "the run ended before the signal: the test's timing is off"
+    os.kill(proc.pid, signal.SIGINT)
+    proc.join(timeout=300)
+    assert proc.exitcode not in (0, None) and not out.exists(), "the run was not stopped"
+    assert "--resume" in err.read_text()
     main([*args, str(out), "--resume"])
     results = [json.loads(p.read_text()) for p in (tmp_path / "whole.json", out)]
     assert _without_times(results[0]) == _without_times(results[1])
