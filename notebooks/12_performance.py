@@ -517,8 +517,10 @@ plt.tight_layout()
 #
 # The experiments train many models that do not depend on each other: one per seed, prior or
 # head. On a CPU, `modnets.parallel.map_tasks` trains them in one single-threaded process per core
-# (`run(..., workers=...)`, `MODNETS_SEED_WORKERS`; one process on a GPU and at `smoke`). Below,
-# each model's step in one process with a thread per core against the same step in one
+# (`run(..., workers=...)`, `MODNETS_SEED_WORKERS`; one process on a GPU and at `smoke`). On
+# Linux the processes are forks of a server process that has loaded torch once, so a worker
+# starts in a fraction of a second, not the seconds a fresh interpreter spends importing torch.
+# Below, each model's step in one process with a thread per core against the same step in one
 # single-threaded process per core, all running at once: `gain` is how many more steps per
 # second the side-by-side processes take together.
 

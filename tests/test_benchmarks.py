@@ -277,16 +277,25 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     monkeypatch.setattr(b.steps.subprocess, "Popen", _SeedWorker)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
     config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False, compile=True, fused=True)
+    # stacked MNIST has one claim seed at cpu: too few for two workers, it trains in this process
+    lone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32, 1))
+    plain = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False)
     monkeypatch.setattr(
         b.steps,
         "_experiment_models",
-        lambda cfg: {"MLP": (lambda: model, torch.randn(8, 32), config)},
+        lambda cfg: {
+            "MLP": (lambda: model, torch.randn(8, 32), config),
+            "CNN (stacked MNIST)": (lambda: lone, torch.randn(8, 32), plain),
+        },
     )
     _SeedWorker.launched = []
     cpu = dataclasses.replace(b.CONFIGS["smoke"], experiments="cpu", rounds=2)
-    (row,) = b.bench_train_steps(cpu, torch.device("cpu"))["rows"]
+    row, alone = b.bench_train_steps(cpu, torch.device("cpu"))["rows"]
     assert len(_SeedWorker.launched) == 2
-    assert all(", 2, 2)" in w.code for w in _SeedWorker.launched)  # threads, rounds
+    # threads, rounds, and the models the workers time
+    assert all(w.code.endswith(", 2, 2, ['MLP'])") for w in _SeedWorker.launched)
+    assert alone["model"] == "CNN (stacked MNIST)" and alone["workers"] == 1
+    assert "worker_ms" not in alone and alone["speedup"] > 0
     assert all(w.gos == 2 and w.returncode == -9 for w in _SeedWorker.launched)
     # two workers at 16 ms a step each: 8 ms a step together
     assert row["workers"] == 2 and row["worker_ms"] == pytest.approx(16.0)
@@ -299,6 +308,13 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     saved = 2 * (row["eager_ms"] - 8.0) / 1e3
     expected = math.ceil(row["warmup_s"] / saved) if saved > 0 else None
     assert row["break_even_steps"] == expected
+
+
+def test_an_experiment_with_fewer_claim_seeds_than_workers_trains_in_one_process():
+    # stacked MNIST's one seed at cpu; every experiment has two seeds at smoke
+    alone = b.steps._trained_alone(b.CONFIGS["cpu"], 2)
+    assert alone == {"CNN (stacked MNIST)", "NFM (stacked MNIST)"}
+    assert b.steps._trained_alone(b.CONFIGS["smoke"], 2) == set()
 
 
 @pytest.mark.long

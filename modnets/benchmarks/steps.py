@@ -147,6 +147,26 @@ def _experiment_models(
     }
 
 
+def _trained_alone(cfg: BenchConfig, workers: int) -> set[str]:
+    """The models of an experiment with fewer claim seeds at ``cfg.experiments`` than there are
+    ``workers``: no round of seeds fills the workers, so the experiment trains its seeds in its
+    main process with every thread (stacked MNIST's one seed at ``cpu``)."""
+    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist, tiny_imagenet
+
+    labels = {
+        "fuzzy Booleans": fuzzy_boolean,
+        "digits": digits,
+        "Tiny-ImageNet": tiny_imagenet,
+        "stacked MNIST": stacked_mnist,
+    }
+    short = tuple(
+        f"({label})"
+        for label, module in labels.items()
+        if len(select(module.CONFIGS, cfg.experiments).seeds) < workers
+    )
+    return {name for name in _experiment_models(cfg) if short and name.endswith(short)}
+
+
 def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
     """One optimiser step as :func:`modnets.training.fit` takes it under ``config``: the model
     compiled and the optimiser fused where the config says, autocast, clipping, the update."""
@@ -172,14 +192,22 @@ def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callabl
 PLAIN = dict(compile=False, fused=False, amp=False)
 
 
-def _as_run_child(experiments: str, min_run_time: float, threads: int, rounds: int) -> None:
-    """Run in a fresh process, as one of an experiment's seed workers: for each model, build
-    the step as its config runs it and the plain eager step, take the first two steps as run
-    (compilation), say so, then for each of ``rounds`` rounds wait for the parent's ``go`` and
-    time both steps. Lines for the parent start with ``@@``."""
+def _as_run_child(
+    experiments: str,
+    min_run_time: float,
+    threads: int,
+    rounds: int,
+    names: list[str] | None = None,
+) -> None:
+    """Run in a fresh process, as one of an experiment's seed workers: for each model (of
+    ``names``; all where None), build the step as its config runs it and the plain eager step,
+    take the first two steps as run (compilation), say so, then for each of ``rounds`` rounds
+    wait for the parent's ``go`` and time both steps. Lines for the parent start with ``@@``."""
     torch.set_num_threads(threads)
     cfg = BenchConfig(experiments=experiments, min_run_time=min_run_time)
     for name, (build, x, config) in _experiment_models(cfg).items():
+        if names is not None and name not in names:
+            continue
         torch.manual_seed(0)
         model = build()
         plain = _optimiser_step(model, x, replace(config, **PLAIN))
@@ -214,7 +242,8 @@ def _in_workers(cfg: BenchConfig, workers: int, eager: dict[str, Callable[[], No
     threads = max(1, (os.cpu_count() or 1) // workers)
     code = (
         "from modnets.benchmarks.steps import _as_run_child; "
-        f"_as_run_child({cfg.experiments!r}, {cfg.min_run_time!r}, {threads}, {cfg.rounds})"
+        f"_as_run_child({cfg.experiments!r}, {cfg.min_run_time!r}, {threads}, {cfg.rounds}, "
+        f"{list(eager)!r})"
     )
     procs = [
         subprocess.Popen(
@@ -260,8 +289,9 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     compile, fused optimiser and autocast, in the experiment's seed workers
     (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
     on a CPU, all training at once; one process at ``smoke`` and on a GPU). Every worker trains
-    a copy of one model, as the experiments' seeds do (stacked MNIST's single seed trains in one
-    process instead: a lone pretraining, then two models of unequal cost). ``as_run_ms`` is the
+    a copy of one model, as the experiments' seeds do; an experiment with fewer seeds than workers
+    trains in this process with every thread, as it does when run (stacked MNIST's single seed at
+    ``cpu``: a lone pretraining, then two models of unequal cost). ``as_run_ms`` is the
     time per step of all workers together (one over their summed steps per second), ``worker_ms``
     one worker's step; ``speedup_workers_only``: the plain steps in the same workers, the gain
     of the worker layout alone. ``warmup_s``: the first two steps as run (compilation) less two
@@ -276,6 +306,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     peak = 2 * n**3 / best_time(cfg, lambda: a @ b, device)
     workers = workers_for(None, cfg.experiments, device)
     models = _experiment_models(cfg)
+    alone = _trained_alone(cfg, workers) if workers > 1 else set()
     eager, flops, times = {}, {}, {}
     for name, (build, x, config) in models.items():
         torch.manual_seed(0)
@@ -283,7 +314,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         x = x.to(device)
         eager[name] = _optimiser_step(model, x, replace(config, **PLAIN))
         flops[name] = count_flops(eager[name])
-        if workers > 1:
+        if workers > 1 and name not in alone:
             continue
         as_run = _optimiser_step(copy.deepcopy(model), x, config)
         t0 = time.perf_counter()
@@ -293,19 +324,21 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         t = interleaved_times(cfg, {"eager": eager[name], "as_run": as_run}, device)
         times[name] = {"eager_s": t["eager"], "as_run_s": t["as_run"], "first_two_s": first_two}
         torch._dynamo.reset()  # the next model compiles afresh (never at the recompile limit)
-    if workers > 1:
-        times = _in_workers(cfg, workers, eager)
+    shared = {name: step for name, step in eager.items() if name not in alone}
+    if workers > 1 and shared:
+        times |= _in_workers(cfg, workers, shared)
     rows = []
     for name, (_, _, config) in models.items():
         t = times[name]
+        processes = 1 if name in alone else workers
         per_worker = t.get("worker_s", t["as_run_s"])
         warmup = max(0.0, t["first_two_s"] - 2 * per_worker)
-        saved = (t["eager_s"] - t["as_run_s"]) * workers  # per worker, in its own steps
+        saved = (t["eager_s"] - t["as_run_s"]) * processes  # per worker, in its own steps
         row = {
             "model": name,
             "compile": config.compile,
             "fused": config.fused,
-            "workers": workers,
+            "workers": processes,
             "eager_ms": 1e3 * t["eager_s"],
             "as_run_ms": 1e3 * t["as_run_s"],
             "speedup": t["eager_s"] / t["as_run_s"],
@@ -314,7 +347,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
             "warmup_s": warmup,
             "break_even_steps": math.ceil(warmup / saved) if saved > 0 else None,
         }
-        if workers > 1:
+        if processes > 1:
             row["worker_ms"] = 1e3 * t["worker_s"]
             row["speedup_workers_only"] = t["eager_s"] / t["plain_workers_s"]
         rows.append(row)
@@ -339,7 +372,8 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         target,
         worst >= 1.4 and not ni < 0.4,
         f"{note}; NI MFU >= {ni:.0%} of matmul's {peak / 1e9:.0f} GFLOP/s; "
-        f"as run in {workers} process{'es' if workers > 1 else ''}",
+        f"as run in {workers} process{'es' if workers > 1 else ''}"
+        + (f" ({', '.join(sorted(alone))}: in one)" if alone else ""),
     )
 
 
