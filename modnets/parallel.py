@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
-import select
 import signal
 import sys
 import threading
@@ -51,38 +51,36 @@ def default_workers(device: torch.device | str | None = None) -> int:
     return os.cpu_count() or 1
 
 
-#: In a worker: whether a task is running (Ctrl-C stops it), its parent process, and whether a
-#: watch saw the process that started the pool end.
+#: In a worker: whether a task is running (Ctrl-C stops it), its parent process, and whether the
+#: process that started the pool has ended.
 _busy = False
 _parent = None
 _main_gone = False
 
 
-def _init_worker(threads: int, main: int, environ: dict[str, str]) -> None:
+def _init_worker(threads: int, environ: dict[str, str]) -> None:
     global _parent
-    # the caller's environment as it is now (MODNETS_CHECKPOINTS, ...), not the fork server's
+    # the caller's environment as it is now (MODNETS_CHECKPOINTS, ...), for what reads it at a
+    # call; what torch read as it loaded (OMP_*, GOMP_SPINCOUNT) is the fork server's
     os.environ.clear()
     os.environ.update(environ)
     torch.set_num_threads(threads)
     _parent = os.getppid()
-    if hasattr(os, "pidfd_open"):  # the main process gone (a killed kernel): stop as on Ctrl-C
-        threading.Thread(target=_stop_when_gone, args=(main,), daemon=True).start()
+    # the process that started the pool gone (a killed kernel): stop as on Ctrl-C
+    main = multiprocessing.parent_process()
+    threading.Thread(target=_stop_when_gone, args=(main.sentinel,), daemon=True).start()
     if hasattr(os, "setpgrp"):  # a terminal's Ctrl-C reaches the main process only: it forwards one
         os.setpgrp()
     signal.signal(signal.SIGINT, _interrupt_task)
 
 
-def _stop_when_gone(pid: int) -> None:
-    """Wait for process ``pid`` to end, then stop this worker as a training stops on SIGTERM
-    (it saves its resumable state). On Linux a worker's parent is the fork server, which lives
-    on while its workers do, so the watch is on the main process itself."""
+def _stop_when_gone(sentinel) -> None:
+    """Wait until the process that started the pool ends (``sentinel``, the end of a pipe it
+    holds, is ready then), then stop this worker as a training stops on SIGTERM (it saves its
+    resumable state). A worker forked by the fork server is that server's child, and the server
+    lives on while its workers do: the watch is on the starting process itself."""
     global _main_gone
-    try:
-        select.select([os.pidfd_open(pid)], [], [])
-    except ProcessLookupError:  # gone already
-        pass
-    except OSError:  # a kernel without pidfds: no watch
-        return
+    multiprocessing.connection.wait([sentinel])
     _main_gone = True
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -103,7 +101,9 @@ def _run_task(fn: Callable, task):
         return fn(task)
     finally:
         _busy = False
-        if _main_gone or os.getppid() != _parent:  # orphaned: nobody will read the result
+        # orphaned: nobody will read the result (the parent check is for spawned workers, whose
+        # parent is the starting process; it may end before the watch has run)
+        if _main_gone or os.getppid() != _parent:
             os._exit(1)
 
 
@@ -158,7 +158,7 @@ def map_tasks(
             workers,
             _context(),
             initializer=_init_worker,
-            initargs=(threads, os.getpid(), dict(os.environ)),
+            initargs=(threads, dict(os.environ)),
         )
         if _keeping:
             _kept = (workers, pool)
@@ -196,15 +196,16 @@ def map_tasks(
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """Where workers come from: on Linux, forks of a server process that has imported torch,
-    its compiler's front end (which every torch optimiser loads) and the library once, so a
-    worker starts in a fraction of a second, not the seconds of a fresh interpreter's imports;
-    elsewhere fresh interpreters. Neither copies the thread pools of a process that has run
-    torch, as a plain fork of this process would."""
+    """Where workers come from: on Linux, forks of a server process that has imported torch and
+    its compiler's front end (which every torch optimiser loads) once, so a worker starts in a
+    fraction of a second, not the seconds of a fresh interpreter's imports; elsewhere fresh
+    interpreters. Neither copies the thread pools of a process that has run torch, as a plain
+    fork of this process would. Each worker imports the library itself, so an edited module (a
+    notebook's autoreload) reaches the workers as it would fresh interpreters."""
     if sys.platform != "linux":  # macOS forks badly once system frameworks are loaded
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch._dynamo", "modnets.parallel"])
+    context.set_forkserver_preload(["torch", "torch._dynamo"])
     return context
 
 

@@ -73,7 +73,7 @@ print(
     "| torch",
     torch.__version__,
 )
-# At cpu, the slowest benchmarks (fourteen compilations, the thread policy's fresh
+# At cpu, the slowest benchmarks (six compilations, the thread policy's fresh
 # processes, whole training steps, profiled steps) outlast this chapter's budget:
 # their rows are read from recorded runs of the bench, and the rest are timed here.
 # At smoke the training steps are plain on both sides (nothing to compare; the tests
@@ -437,11 +437,11 @@ else:
 # Every worker here trains a copy of the same model, as the fuzzy-Boolean NI's seeds, the digits'
 # whole seeds and Tiny-ImageNet's NACs (then its Perceiver IOs) do. Stacked MNIST's one seed is
 # the exception: a lone pretraining, then one NFM and one CNN of very unequal cost, so it trains
-# in one process with every thread, eagerly (one epoch of each does not repay a compilation); its
-# rows are what a run of several seeds would gain, and the recorded ones still show them compiled.
+# in one process with every thread, eagerly (one epoch of each does not repay a compilation), and
+# its rows time it so (`workers` 1): the fused optimiser is all that differs from the plain step.
 # Compiling costs a warm-up (`warmup_s`, in every worker at once) that pays for itself after
 # `break_even_steps` steps; the compiled code is reused by every later seed a worker trains.
-# At the `cpu` profile the fourteen compilations take longer than the rest of this chapter, so
+# At the `cpu` profile the six compilations take longer than the rest of this chapter, so
 # these rows, like those of sections 2c, 2e, 3 and 10, are read from a recorded run that the
 # chapter's first cell names (`python -m bench --profile cpu --only train_steps --out
 # bench/recorded/cpu_train_steps.json` writes it), and at `smoke` too, where every step would be

@@ -169,16 +169,22 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
         target=_command_line, args=(name, [*args, str(out)], dict(os.environ), err)
     )
     proc.start()
-    # Past start-up (the command line has checked that it can write its checkpoint folder, which
-    # it creates, just before the run begins), before the end: the run here took `work` with the
-    # data caches it filled, which that process reads too.
-    while not (tmp_path / "b").exists():
-        assert proc.is_alive(), "the interrupted run ended before it began"
-        time.sleep(0.02)
-    time.sleep(random.Random(0).uniform(0.15, 0.45) * work)
-    assert proc.is_alive(), "the run ended before the signal: the test's timing is off"
-    os.kill(proc.pid, signal.SIGINT)
-    proc.join(timeout=300)
+    try:
+        # Past start-up (the command line has checked that it can write its checkpoint folder,
+        # which it creates, just before the run begins), before the end: the run here took
+        # `work` with the data caches it filled, which that process reads too.
+        while not (tmp_path / "b").exists():
+            assert proc.is_alive(), "the interrupted run ended before it began"
+            time.sleep(0.02)
+        time.sleep(random.Random(0).uniform(0.15, 0.45) * work)
+        assert proc.is_alive(), "the run ended before the signal: the test's timing is off"
+        os.kill(proc.pid, signal.SIGINT)
+        proc.join(timeout=300)
+        assert not proc.is_alive(), "the run did not stop within 300 s of Ctrl-C"
+    finally:  # a failed test leaves no process for pytest to wait on
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
     assert proc.exitcode not in (0, None) and not out.exists(), "the run was not stopped"
     assert "--resume" in err.read_text()
     main([*args, str(out), "--resume"])

@@ -132,7 +132,7 @@ def _parent_of_a_worker(path):
         1,
         parallel._context(),
         initializer=parallel._init_worker,
-        initargs=(1, os.getpid(), dict(os.environ)),
+        initargs=(1, dict(os.environ)),
     )
     pool.submit(parallel._run_task, _sleeps, path)
     while not path.exists():
@@ -140,9 +140,9 @@ def _parent_of_a_worker(path):
     os._exit(0)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.long
-def test_a_worker_whose_parent_dies_stops_as_on_ctrl_c(tmp_path):
+def test_a_worker_whose_starting_process_dies_stops_as_on_ctrl_c(tmp_path):
     path = tmp_path / "task.txt"
     code = f"from tests.test_parallel import _parent_of_a_worker as f; from pathlib import Path; f(Path({str(path)!r}))"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -148,23 +148,19 @@ def _experiment_models(
 
 
 def _trained_alone(cfg: BenchConfig, workers: int) -> set[str]:
-    """The models of an experiment with fewer claim seeds at ``cfg.experiments`` than there are
-    ``workers``: no round of seeds fills the workers, so the experiment trains its seeds in its
-    main process with every thread (stacked MNIST's one seed at ``cpu``)."""
-    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist, tiny_imagenet
+    """The models of an experiment that trains its seeds in whole rounds of ``workers`` and has
+    fewer claim seeds than that at ``cfg.experiments``: no round fills the workers, so it trains
+    them in its main process with every thread (stacked MNIST's one seed at ``cpu``).
+    Tiny-ImageNet's tasks are its seeds times its models, which fill the workers."""
+    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist
 
-    labels = {
-        "fuzzy Booleans": fuzzy_boolean,
-        "digits": digits,
-        "Tiny-ImageNet": tiny_imagenet,
-        "stacked MNIST": stacked_mnist,
-    }
+    in_rounds = {"fuzzy Booleans": fuzzy_boolean, "digits": digits, "stacked MNIST": stacked_mnist}
     short = tuple(
         f"({label})"
-        for label, module in labels.items()
+        for label, module in in_rounds.items()
         if len(select(module.CONFIGS, cfg.experiments).seeds) < workers
     )
-    return {name for name in _experiment_models(cfg) if short and name.endswith(short)}
+    return {name for name in _experiment_models(cfg) if name.endswith(short)}
 
 
 def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
