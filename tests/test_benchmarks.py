@@ -312,9 +312,12 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
 
 def test_an_experiment_with_fewer_claim_seeds_than_workers_trains_in_one_process():
     # stacked MNIST's one seed at cpu; every experiment has two seeds at smoke
-    alone = b.steps._trained_alone(b.CONFIGS["cpu"], 2)
-    assert alone == {"CNN (stacked MNIST)", "NFM (stacked MNIST)"}
-    assert b.steps._trained_alone(b.CONFIGS["smoke"], 2) == set()
+    for profile, expected in (
+        ("cpu", {"CNN (stacked MNIST)", "NFM (stacked MNIST)"}),
+        ("smoke", set()),
+    ):
+        cfg = b.CONFIGS[profile]
+        assert b.steps._trained_alone(cfg, 2, b.steps._experiment_models(cfg)) == expected
 
 
 @pytest.mark.long

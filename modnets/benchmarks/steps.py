@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
@@ -147,11 +147,12 @@ def _experiment_models(
     }
 
 
-def _trained_alone(cfg: BenchConfig, workers: int) -> set[str]:
-    """The models of an experiment that trains its seeds in whole rounds of ``workers`` and has
-    fewer claim seeds than that at ``cfg.experiments``: no round fills the workers, so it trains
-    them in its main process with every thread (stacked MNIST's one seed at ``cpu``).
-    Tiny-ImageNet's tasks are its seeds times its models, which fill the workers."""
+def _trained_alone(cfg: BenchConfig, workers: int, names: Iterable[str]) -> set[str]:
+    """Those of ``names`` (the models of :func:`_experiment_models`) whose experiment trains its
+    seeds in whole rounds of ``workers`` and has fewer claim seeds than that at
+    ``cfg.experiments``: no round fills the workers, so it trains them in its main process with
+    every thread (stacked MNIST's one seed at ``cpu``). Tiny-ImageNet's tasks are its seeds
+    times its models, which fill the workers."""
     from modnets.experiments import digits, fuzzy_boolean, stacked_mnist
 
     in_rounds = {"fuzzy Booleans": fuzzy_boolean, "digits": digits, "stacked MNIST": stacked_mnist}
@@ -160,7 +161,7 @@ def _trained_alone(cfg: BenchConfig, workers: int) -> set[str]:
         for label, module in in_rounds.items()
         if len(select(module.CONFIGS, cfg.experiments).seeds) < workers
     )
-    return {name for name in _experiment_models(cfg) if name.endswith(short)}
+    return {name for name in names if name.endswith(short)}
 
 
 def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
@@ -302,7 +303,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     peak = 2 * n**3 / best_time(cfg, lambda: a @ b, device)
     workers = workers_for(None, cfg.experiments, device)
     models = _experiment_models(cfg)
-    alone = _trained_alone(cfg, workers) if workers > 1 else set()
+    alone = _trained_alone(cfg, workers, models) if workers > 1 else set()
     eager, flops, times = {}, {}, {}
     for name, (build, x, config) in models.items():
         torch.manual_seed(0)
