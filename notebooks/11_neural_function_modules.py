@@ -87,6 +87,7 @@ from modnets.models.nfm import (
     NFMNetwork,
     depth_to_space,
     num_candidates,
+    read_views,
     rescale,
     topk_softmax,
 )
@@ -299,6 +300,21 @@ assert torch.allclose(by_hand, out, atol=1e-6)
 assert torch.allclose(weights, w_lib, atol=1e-6)
 print("weights (batch, heads, positions, 1 + candidates):", tuple(w_lib.shape))
 print("non-zero weights per row:", (w_lib > 0).sum(-1).unique().tolist())
+
+# %% [markdown]
+# The library gets the same numbers without building `cands`: copies of every state made at
+# every read cost much of an NFM step's time (`book/setup.md` has the measurement).
+# `read_views` instead lays each state out so that it and the queries broadcast against each
+# other. Per spatial dim, the grid is `[d]` where the sizes match, `[d, f]` where the state is
+# `f` times larger (the `f` axis runs over the window's candidates, the queries repeat along it),
+# and `[s, u]` where it is `u` times smaller (the state repeats along `u`: nearest upsampling).
+# Row-major, the query's axes list its positions in order, so scores and reads reshape back
+# without a copy of the memory.
+
+# %%
+for s in states:
+    qv, sv, cand = read_views(s.shape[2:], (4, 4))
+    print(f"{tuple(s.shape[2:])} read at (4, 4): queries {qv}, state {sv}, candidate axes {cand}")
 
 # %% [markdown]
 # With reader-side projections (`source_dims`: the channels of each source) the module holds one

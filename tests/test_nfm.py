@@ -166,7 +166,15 @@ def reference_attention(attn: NFMAttention, state, memory_states, writers):
     return out, torch.stack(weights, 1)
 
 
-def test_attention_matches_the_written_out_equations():
+@pytest.mark.parametrize(
+    "size, sources",
+    [
+        ((8, 8), ((8, 8), (16, 16), (2, 2))),  # the same size, SpaceToDepth, upsampling
+        ((4, 4), ((8, 2), (2, 8), (4, 4))),  # larger along one dim, smaller along the other
+        ((6, 6), ((12, 12), (4, 4), (3, 3))),  # 4 -> 6: nearest upsampling repeats unevenly
+    ],
+)
+def test_attention_matches_the_written_out_equations(size, sources):
     torch.manual_seed(0)
     sizes = dict(key_dim=8, value_dim=12, num_heads=2, top_k=3)
     # float64: weights just above the top-k threshold are renormalised differences
@@ -176,12 +184,8 @@ def test_attention_matches_the_written_out_equations():
         attn.gamma.fill_(0.7)
     torch.set_default_dtype(torch.float64)
     try:
-        state = torch.randn(3, 4, 8, 8)
-        memory_states = [
-            torch.randn(3, 6, 8, 8),
-            torch.randn(3, 5, 16, 16),
-            torch.randn(3, 3, 2, 2),
-        ]
+        state = torch.randn(3, 4, *size)
+        memory_states = [torch.randn(3, c, *s) for c, s in zip((6, 5, 3), sources, strict=True)]
         memory = [w.write(m) for w, m in zip(writers, memory_states, strict=True)]
         out, weights = attn(state, memory, return_weights=True)
         ref, ref_w = reference_attention(attn, state, memory_states, writers)
@@ -189,8 +193,9 @@ def test_attention_matches_the_written_out_equations():
         torch.set_default_dtype(torch.float32)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(weights, ref_w)
-    assert weights.shape == (3, 2, 64, 1 + 1 + 4 + 1)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 64, dtype=torch.float64))
+    T, S = math.prod(size), sum(num_candidates(s, size) for s in sources)
+    assert weights.shape == (3, 2, T, 1 + S)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, T, dtype=torch.float64))
     assert ((weights > 0).sum(-1) <= 3).all()  # at most k, the default slot included
     assert ((weights[..., 1:] > 0).sum(-1) <= 3).all()
 

@@ -20,7 +20,8 @@ The pieces, each a function or class here:
   the (k+1)-th largest weight, clamped at 0, renormalised, so at most ``k`` weights survive.
 * :func:`rescale` -- §3.2.2's type conversion between states of different spatial sizes:
   nearest-neighbour upsampling from smaller states, SpaceToDepth from larger ones, so that every
-  position of the local window becomes its own attendable element.
+  position of the local window becomes its own attendable element. :func:`read_views` lays the
+  same reads out as views, which is how :class:`NFMAttention` reads without copying.
 * :class:`NFMAttention` -- §3.2.1's multi-head attention of one module, with the zero "default"
   key/value that lets a head read nothing, the output ``sigma(BN(A W_o1)) W_o2`` and ``gamma``.
 * :class:`NFMNetwork` -- Algorithm 1 over ``N`` modules and ``K`` passes.
@@ -60,6 +61,7 @@ from modnets.models.nfm.attention import (
     NFMAttention,
     depth_to_space,
     num_candidates,
+    read_views,
     rescale,
     space_to_depth,
     topk_softmax,
@@ -75,6 +77,7 @@ __all__ = [
     "depth_to_space",
     "num_candidates",
     "rescale",
+    "read_views",
     "NFMAttention",
     "BLOCKS",
     "POOLS",

@@ -121,6 +121,37 @@ def num_candidates(src: Sequence[int], dst: Sequence[int]) -> int:
     return math.prod(_factors(src, dst))
 
 
+def read_views(src: Sequence[int], size: Sequence[int]) -> tuple[list, list, list]:
+    """How a state of spatial size ``src``, read at ``size``, lines up with the queries without
+    a copy (:class:`NFMAttention` reads through these views; :func:`rescale` builds the copies).
+
+    Per spatial dim, the axes of a grid both fit by broadcasting: ``[d]`` where the sizes match;
+    ``[d, f]`` where the state is ``f`` times larger (queries ``[d, 1]``; the ``f`` axis indexes
+    the SpaceToDepth window's candidates); ``[s, u]`` where it is ``u`` times smaller (states
+    ``[s, 1]``: nearest upsampling by an integer factor). Row-major, the query's axes list its
+    positions in order, and the candidate axes the window's candidates in :func:`rescale`'s
+    order. A smaller size must divide the larger.
+
+    Returns the query's view sizes, the state's view sizes and the candidate axes.
+    """
+    qv, sv, cand = [], [], []
+    for s, d in zip(src, size, strict=True):
+        if s > d:
+            _factors((s,), (d,))
+            cand.append(len(qv) + 1)
+            qv += [d, 1]
+            sv += [d, s // d]
+        elif s < d:
+            if d % s:
+                raise ValueError(f"size {d} is no multiple of {s}: no view upsamples it")
+            qv += [s, d // s]
+            sv += [s, 1]
+        else:
+            qv.append(d)
+            sv.append(s)
+    return qv, sv, cand
+
+
 def rescale(state: Tensor, size: Sequence[int]) -> Tensor:
     """A state read at spatial size ``size`` (NFM §3.2.2), per spatial dim:
 
@@ -245,11 +276,20 @@ class NFMAttention(nn.Module):
             )
 
     @staticmethod
-    def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
-        """A position-wise linear map of a channel-first ``(B, C, *size)`` tensor."""
+    def _linear(weight: Tensor, x: Tensor) -> Tensor:
+        """A position-wise linear map ``weight`` ``(C', C)`` of a channel-first ``(B, C, *size)``
+        tensor."""
         B, C, *size = x.shape
         n = math.prod(size)  # not -1: an empty batch has nothing to infer it from
-        return torch.matmul(layer.weight, x.reshape(B, C, n)).reshape(B, layer.out_features, *size)
+        # one batched product, channels first in and out: a (C', C) @ (B, C, n) matmul would
+        # transpose x to (B n, C) and the result back, two copies of each state
+        out = torch.bmm(weight.expand(B, -1, -1), x.reshape(B, C, n))
+        return out.reshape(B, weight.shape[0], *size)
+
+    def _key_value(self, key: nn.Linear, value: nn.Linear, state: Tensor) -> tuple[Tensor, Tensor]:
+        """``state W_k`` and ``state W_v`` in one product."""
+        kv = self._linear(torch.cat([key.weight, value.weight]), state)
+        return kv.split([self.key_dim, self.value_dim], 1)
 
     def write(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a state this module wrote: ``(B, key_dim, *size)``,
@@ -260,7 +300,7 @@ class NFMAttention(nn.Module):
             raise ValueError(
                 f"state must be (batch, memory_dim={self.memory_dim}, *size), got {tuple(state.shape)}"
             )
-        return self._linear(self.key, state), self._linear(self.value, state)
+        return self._key_value(self.key, self.value, state)
 
     def project(self, source: int, state: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a state written by module ``source``, through *this* (reading)
@@ -269,10 +309,7 @@ class NFMAttention(nn.Module):
             raise ValueError("project needs source_dims: this module reads with the writers' keys")
         if not 0 <= source < len(self.source_keys):
             raise ValueError(f"source must be in [0, {len(self.source_keys)}), got {source}")
-        return (
-            self._linear(self.source_keys[source], state),
-            self._linear(self.source_values[source], state),
-        )
+        return self._key_value(self.source_keys[source], self.source_values[source], state)
 
     def _attend(
         self, state: Tensor, memory: Sequence[tuple[Tensor, Tensor]]
@@ -288,25 +325,47 @@ class NFMAttention(nn.Module):
                 )
         T, H = math.prod(size), self.num_heads
         dk, dv = self.key_dim // H, self.value_dim // H
-        q = self._linear(self.query, state).reshape(B, 1, H, dk, T) / math.sqrt(dk)
-        # every state at the query's size, (B, S, H, d_head, T): candidates outermost and
-        # positions innermost, so the products below run over long contiguous rows
-        if memory:
-            keys = torch.cat([rescale(k, size) for k, _ in memory], 1)
-            values = torch.cat([rescale(v, size) for _, v in memory], 1)
-        else:  # only the default slot
-            keys = state.new_zeros(B, 0, self.key_dim, *size)
-            values = state.new_zeros(B, 0, self.value_dim, *size)
-        S = keys.shape[1]
-        keys, values = keys.reshape(B, S, H, dk, T), values.reshape(B, S, H, dv, T)
-        # a product-and-sum over d_head: short contractions beat many tiny matmuls
-        scores = (q * keys).sum(3)  # (B, S, H, T)
-        default = scores.new_zeros(B, 1, H, T)  # the default slot: q . 0 = 0
-        w = topk_softmax(
-            torch.cat([default, scores], 1), self.top_k, 1, self.topk_mode
-        )  # (B, 1+S, H, T)
+        q = self._linear(self.query.weight, state) / math.sqrt(dk)
+        # Each state is read where it lies, through views (:func:`read_views`) laid out on a
+        # grid the query and the state both fit by broadcasting: the rescaled copies of keys
+        # and values that :func:`rescale` builds are never made.
+        reads = []
+        for keys, values in memory:
+            src = tuple(keys.shape[2:])
+            if len(src) != len(size):
+                raise ValueError(
+                    f"state of spatial size {src} cannot be read at size {tuple(size)}: "
+                    "every state of an NFM network needs the same number of spatial dims"
+                )
+            if any(a < b and b % a for a, b in zip(src, size, strict=True)):
+                # nearest upsampling to a size that is no multiple repeats unevenly: copy it
+                src = tuple(max(a, b) for a, b in zip(src, size, strict=True))
+                keys = F.interpolate(keys, size=src, mode="nearest")
+                values = F.interpolate(values, size=src, mode="nearest")
+            qv, sv, cand = read_views(src, size)
+            grid = [max(a, b) for a, b in zip(qv, sv, strict=True)]
+            rest = [a for a in range(len(grid)) if a not in cand]  # the query's positions
+            # (B, H, *grid) -> (B, candidates, H, positions), and back
+            order = [0, *(2 + a for a in cand), 1, *(2 + a for a in rest)]
+            shape = [B, *(grid[a] for a in cand), H, *(grid[a] for a in rest)]
+            keys, values = keys.reshape(B, H, dk, *sv), values.reshape(B, H, dv, *sv)
+            reads.append((keys, values, qv, cand, order, shape))
+        # a product-and-sum over d_head per state: short contractions beat many tiny matmuls
+        scores = [q.new_zeros(B, 1, H, T)]  # the default slot: q . 0 = 0
+        for keys, _, qv, _, order, _ in reads:
+            s = (q.reshape(B, H, dk, *qv) * keys).sum(2)  # (B, H, *grid)
+            scores.append(s.permute(order).reshape(B, -1, H, T))
+        w = topk_softmax(torch.cat(scores, 1), self.top_k, 1, self.topk_mode)  # (B, 1+S, H, T)
         # the default slot's value is 0: only the real candidates contribute
-        A = (w[:, 1:, :, None] * values).sum(1)  # (B, H, dv, T)
+        A = q.new_zeros(B, H, dv, T)
+        counts = [x.shape[1] for x in scores[1:]]
+        for read, wj in zip(reads, w[:, 1:].split(counts, 1), strict=True):
+            _, values, _, cand, order, shape = read
+            wj = wj.reshape(shape).permute(sorted(range(len(order)), key=order.__getitem__))
+            Aj = wj.unsqueeze(2) * values  # (B, H, dv, *grid)
+            if cand:  # summed over the window's candidates
+                Aj = Aj.sum([3 + a for a in cand])
+            A = A + Aj.reshape(B, H, dv, T)
         return A.reshape(B, self.value_dim, T), w
 
     def forward(
@@ -327,9 +386,9 @@ class NFMAttention(nn.Module):
         A, w = self._attend(state, memory)
         w = w.permute(0, 2, 3, 1)  # (B, H, T, 1 + S)
         probe("nfm.read_weights", w)
-        h1 = torch.matmul(self.out1.weight, A)  # (B, hidden, T)
+        h1 = self._linear(self.out1.weight, A)  # (B, hidden, T)
         if self.norm is not None:
             h1 = self.norm(h1)
-        h1 = torch.matmul(self.out2.weight, self.act(h1)).reshape(state.shape)
+        h1 = self._linear(self.out2.weight, self.act(h1)).reshape(state.shape)
         out = state + self.gamma * h1
         return (out, w) if return_weights else out
