@@ -303,18 +303,20 @@ print("non-zero weights per row:", (w_lib > 0).sum(-1).unique().tolist())
 
 # %% [markdown]
 # The library gets the same numbers without building `cands`: copies of every state made at
-# every read cost much of an NFM step's time (`book/setup.md` has the measurement).
-# `read_views` instead lays each state out so that it and the queries broadcast against each
-# other. Per spatial dim, the grid is `[d]` where the sizes match, `[d, f]` where the state is
-# `f` times larger (the `f` axis runs over the window's candidates, the queries repeat along it),
-# and `[s, u]` where it is `u` times smaller (the state repeats along `u`: nearest upsampling).
-# Row-major, the query's axes list its positions in order, so scores and reads reshape back
-# without a copy of the memory.
+# every read cost much of an NFM step's time (`book/setup.md` has the measurement). Save where
+# upsampling repeats unevenly, `read_views` instead lays each state out so that it and the
+# queries broadcast against each other. Per spatial dim, the grid is `[d]` where the sizes match,
+# `[d, f]` where the state is `f` times larger (the `f` axis runs over the window's candidates,
+# the queries repeat along it), and `[s, u]` where it is `u` times smaller (the state repeats
+# along `u`: nearest upsampling). Row-major, the query's axes list its positions in order, so
+# scores and reads reshape back without a copy of the memory.
 
 # %%
 for s in states:
     qv, sv, cand = read_views(s.shape[2:], (4, 4))
-    print(f"{tuple(s.shape[2:])} read at (4, 4): queries {qv}, state {sv}, candidate axes {cand}")
+    print(
+        f"{tuple(s.shape[2:])} read at (4, 4): queries {qv}, state {sv}, candidate axes {cand}"
+    )
 
 # %% [markdown]
 # With reader-side projections (`source_dims`: the channels of each source) the module holds one
@@ -444,7 +446,7 @@ plt.tight_layout()
 # outputs are right.
 #
 # **The training protocol.** At `gpu` both models train from scratch for 300 epochs (App. C). On
-# two CPU cores an NFM step costs about nine CNN steps, and a CNN needs many epochs before its
+# two CPU cores an NFM step costs several CNN steps, and a CNN needs many epochs before its
 # validation accuracy stops rising, so the `cpu` profile trains the CNN first, for 8 epochs
 # (whether its best validation accuracy has stopped rising by then is checked below, run by
 # run), and then trains *both* models on from

@@ -172,6 +172,7 @@ def reference_attention(attn: NFMAttention, state, memory_states, writers):
         ((8, 8), ((8, 8), (16, 16), (2, 2))),  # the same size, SpaceToDepth, upsampling
         ((4, 4), ((8, 2), (2, 8), (4, 4))),  # larger along one dim, smaller along the other
         ((6, 6), ((12, 12), (4, 4), (3, 3))),  # 4 -> 6: nearest upsampling repeats unevenly
+        ((6, 6), ((12, 4), (4, 12), (2, 3))),  # unevenly upsampled along one dim only
     ],
 )
 def test_attention_matches_the_written_out_equations(size, sources):
@@ -189,10 +190,12 @@ def test_attention_matches_the_written_out_equations(size, sources):
         memory = [w.write(m) for w, m in zip(writers, memory_states, strict=True)]
         out, weights = attn(state, memory, return_weights=True)
         ref, ref_w = reference_attention(attn, state, memory_states, writers)
+        empty = attn(state[:0], [(k[:0], v[:0]) for k, v in memory])  # an empty batch
     finally:
         torch.set_default_dtype(torch.float32)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(weights, ref_w)
+    assert empty.shape == (0, *state.shape[1:])
     T, S = math.prod(size), sum(num_candidates(s, size) for s in sources)
     assert weights.shape == (3, 2, T, 1 + S)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, T, dtype=torch.float64))

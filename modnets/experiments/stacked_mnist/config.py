@@ -108,7 +108,7 @@ class StackedMNISTTrain:
     from it for ``finetune_epochs`` more epochs (a fresh optimiser, the same batches): the CNN
     as it is, NFM(CNN) with NFM added (``gamma = 0``, so it starts as the same function). The
     two then differ only by the NFM path, at the same training budget; the ``cpu`` profile does
-    this because NFM's steps cost about nine of the CNN's.
+    this because each of NFM's steps costs several of the CNN's.
 
     ``optim``: Adam at 1e-3 with a constant rate (App. C); no gradient clipping (App. C states
     none, and the experiment never clipped); bf16 autocast on CUDA as before; ``best="acc"``

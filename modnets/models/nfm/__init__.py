@@ -21,7 +21,7 @@ The pieces, each a function or class here:
 * :func:`rescale` -- §3.2.2's type conversion between states of different spatial sizes:
   nearest-neighbour upsampling from smaller states, SpaceToDepth from larger ones, so that every
   position of the local window becomes its own attendable element. :func:`read_views` lays the
-  same reads out as views, which is how :class:`NFMAttention` reads without copying.
+  same reads out as views, which is how :class:`NFMAttention` reads without rescaled copies.
 * :class:`NFMAttention` -- §3.2.1's multi-head attention of one module, with the zero "default"
   key/value that lets a head read nothing, the output ``sigma(BN(A W_o1)) W_o2`` and ``gamma``.
 * :class:`NFMNetwork` -- Algorithm 1 over ``N`` modules and ``K`` passes.

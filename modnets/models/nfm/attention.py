@@ -134,10 +134,10 @@ def read_views(src: Sequence[int], size: Sequence[int]) -> tuple[list, list, lis
 
     Returns the query's view sizes, the state's view sizes and the candidate axes.
     """
+    num_candidates(src, size)  # the same number of dims, a larger size a multiple of the smaller
     qv, sv, cand = [], [], []
     for s, d in zip(src, size, strict=True):
         if s > d:
-            _factors((s,), (d,))
             cand.append(len(qv) + 1)
             qv += [d, 1]
             sv += [d, s // d]
@@ -327,8 +327,8 @@ class NFMAttention(nn.Module):
         dk, dv = self.key_dim // H, self.value_dim // H
         q = self._linear(self.query.weight, state) / math.sqrt(dk)
         # Each state is read where it lies, through views (:func:`read_views`) laid out on a
-        # grid the query and the state both fit by broadcasting: the rescaled copies of keys
-        # and values that :func:`rescale` builds are never made.
+        # grid the query and the state both fit by broadcasting: no rescaled copy of the memory
+        # is made (save where upsampling repeats unevenly).
         reads = []
         for keys, values in memory:
             src = tuple(keys.shape[2:])
@@ -337,6 +337,7 @@ class NFMAttention(nn.Module):
                     f"state of spatial size {src} cannot be read at size {tuple(size)}: "
                     "every state of an NFM network needs the same number of spatial dims"
                 )
+            _factors(src, size)  # a larger size must be a multiple of the smaller
             if any(a < b and b % a for a, b in zip(src, size, strict=True)):
                 # nearest upsampling to a size that is no multiple repeats unevenly: copy it
                 src = tuple(max(a, b) for a, b in zip(src, size, strict=True))
@@ -350,22 +351,23 @@ class NFMAttention(nn.Module):
             shape = [B, *(grid[a] for a in cand), H, *(grid[a] for a in rest)]
             keys, values = keys.reshape(B, H, dk, *sv), values.reshape(B, H, dv, *sv)
             reads.append((keys, values, qv, cand, order, shape))
+        counts = [math.prod(shape[1 : 1 + len(cand)]) for _, _, _, cand, _, shape in reads]
         # a product-and-sum over d_head per state: short contractions beat many tiny matmuls
         scores = [q.new_zeros(B, 1, H, T)]  # the default slot: q . 0 = 0
-        for keys, _, qv, _, order, _ in reads:
+        for (keys, _, qv, _, order, _), n in zip(reads, counts, strict=True):
             s = (q.reshape(B, H, dk, *qv) * keys).sum(2)  # (B, H, *grid)
-            scores.append(s.permute(order).reshape(B, -1, H, T))
+            scores.append(s.permute(order).reshape(B, n, H, T))
         w = topk_softmax(torch.cat(scores, 1), self.top_k, 1, self.topk_mode)  # (B, 1+S, H, T)
         # the default slot's value is 0: only the real candidates contribute
-        A = q.new_zeros(B, H, dv, T)
-        counts = [x.shape[1] for x in scores[1:]]
+        parts = []
         for read, wj in zip(reads, w[:, 1:].split(counts, 1), strict=True):
             _, values, _, cand, order, shape = read
             wj = wj.reshape(shape).permute(sorted(range(len(order)), key=order.__getitem__))
             Aj = wj.unsqueeze(2) * values  # (B, H, dv, *grid)
             if cand:  # summed over the window's candidates
                 Aj = Aj.sum([3 + a for a in cand])
-            A = A + Aj.reshape(B, H, dv, T)
+            parts.append(Aj.reshape(B, H, dv, T))
+        A = sum(parts[1:], parts[0]) if parts else q.new_zeros(B, H, dv, T)
         return A.reshape(B, self.value_dim, T), w
 
     def forward(
