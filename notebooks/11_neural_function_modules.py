@@ -313,10 +313,9 @@ print("non-zero weights per row:", (w_lib > 0).sum(-1).unique().tolist())
 
 # %%
 for s in states:
-    qv, sv, cand = read_views(s.shape[2:], (4, 4))
-    print(
-        f"{tuple(s.shape[2:])} read at (4, 4): queries {qv}, state {sv}, candidate axes {cand}"
-    )
+    src = tuple(s.shape[2:])
+    qv, sv, cand = read_views(src, (4, 4))
+    print(f"{src} read at (4, 4): queries {qv}, state {sv}, candidate axes {cand}")
 
 # %% [markdown]
 # With reader-side projections (`source_dims`: the channels of each source) the module holds one
