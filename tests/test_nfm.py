@@ -14,6 +14,7 @@ from modnets.models.nfm import (
     NFMNetwork,
     depth_to_space,
     num_candidates,
+    read_views,
     rescale,
     space_to_depth,
     topk_softmax,
@@ -114,6 +115,23 @@ def test_rescale_shapes_and_rules():
         rescale(torch.randn(1, 2, 6), (4,))
     with pytest.raises(ValueError, match="spatial dims"):
         rescale(x2, (4,))
+
+
+def test_read_views_line_states_up_with_the_queries():
+    x = torch.randn(2, 3, 8, 2)
+    qv, sv, cand = read_views(
+        (8, 2), (4, 4)
+    )  # larger along the first dim, smaller along the second
+    assert (qv, sv, cand) == ([4, 1, 2, 2], [4, 2, 2, 1], [1])
+    # broadcast onto the grid, the state is what rescale copies: candidates, then positions
+    grid = x.reshape(2, 3, *sv).expand(2, 3, 4, 2, 2, 2)
+    assert torch.equal(grid.permute(0, 3, 1, 2, 4, 5).reshape(2, 2, 3, 4, 4), rescale(x, (4, 4)))
+    with pytest.raises(ValueError, match="multiple"):
+        read_views((4,), (6,))  # nearest upsampling 4 -> 6 repeats unevenly: no view
+    with pytest.raises(ValueError, match="SpaceToDepth"):
+        read_views((6,), (4,))
+    with pytest.raises(ValueError, match="numbers of dims"):
+        read_views((8, 8), (4,))
 
 
 def test_space_to_depth_loses_nothing():
