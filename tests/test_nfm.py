@@ -119,9 +119,8 @@ def test_rescale_shapes_and_rules():
 
 def test_read_views_line_states_up_with_the_queries():
     x = torch.randn(2, 3, 8, 2)
-    qv, sv, cand = read_views(
-        (8, 2), (4, 4)
-    )  # larger along the first dim, smaller along the second
+    # larger along the first dim, smaller along the second
+    qv, sv, cand = read_views((8, 2), (4, 4))
     assert (qv, sv, cand) == ([4, 1, 2, 2], [4, 2, 2, 1], [1])
     # broadcast onto the grid, the state is what rescale copies: candidates, then positions
     grid = x.reshape(2, 3, *sv).expand(2, 3, 4, 2, 2, 2)
