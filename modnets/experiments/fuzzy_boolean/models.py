@@ -50,7 +50,6 @@ def set_trainable(model: NeuralInterpreter, regime: str) -> int:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(model: nn.Module, data: MultiTaskData, batch_size: int = 256) -> torch.Tensor:
     """R^2 per function on the validation split, on the original scale of the targets.
 
