@@ -151,8 +151,8 @@ CPU_CIRCUIT_LR = 1e-2
 CPU_EPOCHS = 4
 
 #: cpu: the optimiser fused, nothing compiled: in a single-threaded seed worker the NAC's compiled
-#: step is no faster than its eager one (bench train_steps), so its warm-up would never pay;
-#: Perceiver IO's neither
+#: step is no faster than its eager one (book/setup.md), so its warm-up would never pay, and
+#: Perceiver IO's compiled step was no faster either
 CPU_SPEED = dict(fused=True)
 
 CONFIGS = {
