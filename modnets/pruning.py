@@ -64,7 +64,8 @@ def drop_curve(
 
     A random order (``"random"``, and every Perceiver IO) is drawn ``draws`` times, with seeds
     ``1000 seed + k``; each row holds the mean of every metric ``score`` returns and, in
-    ``"draws"``, the first metric of each draw. A ranked order is deterministic: one draw.
+    ``"draws"``, the first metric of each draw. A ranked order is deterministic: one draw. Where a
+    fraction drops no module, ``score`` gets ``model`` itself, once (a scorer may remember it).
     """
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"draws must be a positive int, got {draws!r}")
@@ -72,8 +73,11 @@ def drop_curve(
     seeds = [1000 * seed + k for k in range(draws if random else 1)]
     out = []
     for f in fractions:
-        models = [pruned(model, f, order, s) for s in seeds]
-        runs = [score(m) for m in models]
+        if num_dropped(f, droppable(model)) == 0:  # every draw is the model itself
+            models, runs = [model], [score(model)] * len(seeds)
+        else:
+            models = [pruned(model, f, order, s) for s in seeds]
+            runs = [score(m) for m in models]
         first = next(iter(runs[0]))
         means = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
         out.append(

@@ -4,6 +4,7 @@ throughput and FLOPs at each sparsity, and the circuit's diagnostics."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +63,24 @@ def evaluate_tokens(model: nn.Module, tokens: list[Tensor], y: Tensor) -> dict:
     return {"top1": top1 / len(y), "top5": top5 / len(y)}
 
 
+def scorer(model: nn.Module, data: Data, batch_size: int = 256) -> Callable[[nn.Module], dict]:
+    """Top-1 and top-5 of ``model`` or of any model pruned from it (its tokenizer), on the
+    validation tokens computed once (:func:`val_tokens`); ``model`` itself is scored once, so
+    curves that share a scorer (every order of a drop curve begins with nothing dropped) share
+    its score."""
+    tokens = val_tokens(model, data, batch_size)
+    full = {}
+
+    def score(m: nn.Module) -> dict:
+        if m is not model:
+            return evaluate_tokens(m, tokens, data.y_val)
+        if not full:
+            full.update(evaluate_tokens(m, tokens, data.y_val))
+        return dict(full)
+
+    return score
+
+
 def drop_curve(
     model: nn.Module,
     data: Data,
@@ -70,24 +89,26 @@ def drop_curve(
     order: str = "least",
     draws: int = 1,
     seed: int = 0,
+    score: Callable[[nn.Module], dict] | None = None,
 ) -> list[dict]:
     """Validation top-1 and top-5 with each fraction of modules (latents) dropped (NAC Fig. 5a),
-    through :func:`modnets.pruning.drop_curve` (random orders: the mean over ``draws``)."""
-    tokens = val_tokens(model, data, batch_size)
-    return pruning.drop_curve(
-        model, lambda m: evaluate_tokens(m, tokens, data.y_val), fractions, order, draws, seed
-    )
+    through :func:`modnets.pruning.drop_curve` (random orders: the mean over ``draws``).
+    ``score``: ``model``'s :func:`scorer`, to share its tokens with other curves."""
+    score = scorer(model, data, batch_size) if score is None else score
+    return pruning.drop_curve(model, score, fractions, order, draws, seed)
 
 
 def edge_curve(
-    model: NeuralAttentiveCircuit, data: Data, fractions, batch_size: int = 256
+    model: NeuralAttentiveCircuit,
+    data: Data,
+    fractions,
+    batch_size: int = 256,
+    score: Callable[[nn.Module], dict] | None = None,
 ) -> list[dict]:
-    """Accuracy as the smallest ``P_ij`` are set to 0 (Fig. 10)."""
-    tokens = val_tokens(model, data, batch_size)
-    return [
-        {"fraction": f, **evaluate_tokens(model.eliminate_edges(f), tokens, data.y_val)}
-        for f in fractions
-    ]
+    """Accuracy as the smallest ``P_ij`` are set to 0 (Fig. 10); ``score`` as in
+    :func:`drop_curve`."""
+    score = scorer(model, data, batch_size) if score is None else score
+    return [{"fraction": f, **score(model.eliminate_edges(f))} for f in fractions]
 
 
 @torch.inference_mode()
