@@ -139,7 +139,10 @@ print("tokens:", tuple(tokens.shape))
 # the library's one training loop (`modnets.training.fit`), then runs every analysis below. Trained
 # models are checkpointed, keyed by the training part of the configuration, the seed, the data
 # files and the code, so re-running the chapter skips training. The NAC's loss adds the graph-prior
-# regulariser (NAC eq. 6, as a mean over module pairs) to the cross-entropy.
+# regulariser (NAC eq. 6, as a mean over module pairs) to the cross-entropy. On a CPU the models
+# train side by side, one single-threaded worker process per core (chapter 12, section 10), and
+# each is read (its drop and edge curves, its circuit's diagnostics) in the worker that trained
+# it; only the throughput is timed here, in this process, with nothing beside it.
 #
 # The NAC is the one chapters 7-9 built, with the public code's kernel: truncated at a cosine
 # distance of 0.9, a learnable bandwidth, and the straight-through gradient chapter 7 measured to

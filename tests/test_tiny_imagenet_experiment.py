@@ -2,6 +2,7 @@
 claims, the command line and the gpu dry run."""
 
 import dataclasses
+import importlib
 import json
 
 import numpy as np
@@ -79,6 +80,31 @@ def test_run_trains_checkpoints_and_reloads(env):
     assert [r["history"] for r in again_nac["per_seed"]] == [r["history"] for r in nac["per_seed"]]
     # the seeds really differ
     assert nac["per_seed"][0]["history"]["loss"] != nac["per_seed"][1]["history"]["loss"]
+
+
+@pytest.mark.long
+def test_models_are_read_where_they_trained(env, monkeypatch):
+    """With two workers, each model is trained and read (its drop and edge curves, its circuit's
+    diagnostics) in its worker; this process only times the throughput. The readings are the ones
+    this process takes itself from the same checkpoints."""
+    here = ti.run(TINY, profile="smoke", show_progress=False, workers=1)
+    run_module = importlib.import_module("modnets.experiments.tiny_imagenet.run")
+
+    def not_here(*args):
+        raise AssertionError("read in this process")
+
+    monkeypatch.setattr(run_module, "readings", not_here)
+    there = ti.run(TINY, profile="smoke", show_progress=False, workers=2)
+    for name, entry in here["models"].items():
+        for a, b in zip(entry["per_seed"], there["models"][name]["per_seed"], strict=True):
+            keys = {"top1", "top5", "drop", "drop_random", "drop_most", "edges"} & set(a)
+            assert len(keys) == (6 if entry["kind"] == "nac" else 3)
+            assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    diag = there["diagnostics"]["NAC (scale_free)"]
+    assert [d["seed"] for d in diag] == [0, 1]
+    for d, e in zip(diag, here["diagnostics"]["NAC (scale_free)"], strict=True):
+        for links in ("links_init", "links_trained"):  # the initial model of the right seed
+            assert d[links]["q"] == pytest.approx(e[links]["q"])
 
 
 def per_seed_top1(entry):
@@ -245,6 +271,29 @@ def test_drop_orders_and_random_draws():
     assert curve[1]["top1"] == pytest.approx(sum(curve[1]["draws"]) / 3)
     M = model.config.num_mediators
     assert curve[1]["modules"] == U - round(0.5 * M)  # a fraction of the mediators
+
+
+def test_a_shared_scorer_scores_the_whole_model_once(monkeypatch):
+    """Every drop curve begins with nothing dropped, where each of its draws is the model itself:
+    scored once per curve, and once in all when the curves share a scorer (their validation
+    tokens too). The curves are those each computes alone."""
+    torch.manual_seed(0)
+    model = ti.build_model("nac", TRAIN)
+    x = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
+    y = torch.arange(6) % 3
+    data = ti.Data(x, y, x, y, ["a", "b", "c"])
+    orders = ("least", "random", "most")
+    alone = [ti.drop_curve(model, data, [0.0, 0.5], 4, o, draws=3) for o in orders]
+    seen = []
+    evaluate_tokens = ti.analysis.evaluate_tokens
+    monkeypatch.setattr(
+        ti.analysis, "evaluate_tokens", lambda m, *a: seen.append(m) or evaluate_tokens(m, *a)
+    )
+    score = ti.scorer(model, data, 4)
+    shared = [ti.drop_curve(model, data, [0.0, 0.5], 4, o, draws=3, score=score) for o in orders]
+    assert shared == alone
+    assert [m is model for m in seen] == [True] + [False] * 5  # least 1, random 3, most 1 at 0.5
+    assert alone[1][0]["draws"] == [alone[1][0]["top1"]] * 3
 
 
 @pytest.mark.parametrize("kind", ["nac", "pio"])

@@ -165,11 +165,11 @@ def train_ahead(
     desc: str,
     show_progress: bool = True,
     whole_rounds: bool = False,
-) -> None:
+) -> list | None:
     """``train(task)`` for every task, side by side in ``workers`` processes, into the
-    checkpoints that the experiment's own loop then loads (the loop analyses in this process,
-    where its timings are not shared with a neighbour). Nothing with one worker or without
-    checkpoints (``cache=False``): the loop then trains.
+    checkpoints that the experiment's own loop then loads (the loop times in this process,
+    where its timings are not shared with a neighbour); the tasks' results, in order. Nothing
+    (``None``) with one worker or without checkpoints (``cache=False``): the loop then trains.
 
     ``whole_rounds``: for tasks of equal cost, only as many as fill every worker in each round;
     the rest (fewer than ``workers``) are left to the loop, which trains them with every thread
@@ -177,7 +177,8 @@ def train_ahead(
     if whole_rounds and workers > 1:
         tasks = tasks[: len(tasks) - len(tasks) % workers]
     if cache and workers > 1 and len(tasks) > 1:
-        parallel.map_tasks(train, tasks, workers, desc, show_progress)
+        return parallel.map_tasks(train, tasks, workers, desc, show_progress)
+    return None
 
 
 def provenance(start: float, code: Sequence = ()) -> dict:

@@ -34,6 +34,7 @@ from modnets.experiments.tiny_imagenet.analysis import (
     nac_diagnostics,
     point_at,
     relative_loss,
+    scorer,
     speed_curve,
     throughput,
     val_tokens,
@@ -76,10 +77,20 @@ from modnets.experiments.tiny_imagenet.models import (
     train,
     trained_model,
 )
-from modnets.experiments.tiny_imagenet.run import dry_run, fit_to_gpu, main, run, train_task
+from modnets.experiments.tiny_imagenet.run import (
+    dry_run,
+    fit_to_gpu,
+    main,
+    model_task,
+    readings,
+    run,
+    train_task,
+)
 
 __all__ = [
     "train_task",
+    "model_task",
+    "readings",
     "NAME",
     "DROP_AT",
     "EDGES_AT",
@@ -108,6 +119,7 @@ __all__ = [
     "trained_model",
     "val_tokens",
     "evaluate_tokens",
+    "scorer",
     "drop_curve",
     "edge_curve",
     "throughput",

@@ -22,6 +22,7 @@ from modnets.experiments.tiny_imagenet.analysis import (
     nac_diagnostics,
     point_at,
     relative_loss,
+    scorer,
     speed_curve,
 )
 from modnets.experiments.tiny_imagenet.claims import (
@@ -106,6 +107,43 @@ def train_task(config: TinyImageNetConfig, device, resume: bool, root, task: tup
     trained_model(kind, config, seed, None, device, prior, False, True, resume, root)
 
 
+def model_task(config: TinyImageNetConfig, device, resume: bool, root, task: tuple) -> tuple:
+    """Train (into its checkpoint) and read the model of ``task = (seed, kind, prior)``: its
+    :func:`readings`, ahead of :func:`run`'s loop in a worker process."""
+    seed, kind, prior = task
+    data = load_data(config.train, root)
+    model, _ = trained_model(kind, config, seed, data, device, prior, False, True, resume, root)
+    return readings(model, kind, prior, data, config, seed, device)
+
+
+def readings(
+    model, kind: str, prior, data: Data, config: TinyImageNetConfig, seed: int, device
+) -> tuple[dict, dict | None]:
+    """``(readings, diagnostics)`` of a trained model: top-1 and top-5, the drop curves (a NAC in
+    three orders, Perceiver IO in a random one), a NAC's edge curve and circuit diagnostics
+    (``None`` for Perceiver IO). Everything but the throughput, which is timed alone."""
+    r = evaluate(model, data.x_val, data.y_val, config.eval_batch)
+    drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
+    score = scorer(model, data, config.eval_batch)  # the validation tokens, computed once
+    # a NAC least connected first (App. F), random, most; Perceiver IO's latents have no order
+    # but a random one
+    orders = ("least", "random", "most") if kind == "nac" else ("random",)
+    for order in orders:
+        key = "drop" if order == orders[0] else f"drop_{order}"
+        r[key] = drop_curve(
+            model, data, drop_fr, order=order, draws=config.random_draws, seed=seed, score=score
+        )
+    if kind == "pio":
+        return r, None
+    edge_fr = sorted({0.0, EDGES_AT, *config.edge_fractions})
+    r["edges"] = edge_curve(model, data, edge_fr, score=score)
+    full, e = point_at(r["drop"], 0.0)["top1"], point_at(r["edges"], EDGES_AT)["top1"]
+    r["lost_edges90"], r["relative_lost_edges90"] = full - e, relative_loss(full, e)
+    seed_everything(seed)  # the same initialisation as the trained model's
+    initial = build_model(kind, config.train, prior).to(device)
+    return r, {"seed": seed, **nac_diagnostics(model, initial, data, config.eval_batch)}
+
+
 def run(
     config: TinyImageNetConfig | None = None,
     profile: str | None = None,
@@ -122,8 +160,8 @@ def run(
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
     ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
     The drop curves always include 0 and 0.8, the edge curves 0 and 0.9 (the claims need them).
-    ``workers``: the processes the models train in (:func:`harness.workers_for`); the analyses,
-    throughput included, run in this process alone.
+    ``workers``: the processes the models train in (:func:`harness.workers_for`), each model's
+    :func:`readings` taken where it trained; the throughput is timed in this process alone.
     """
     start = time.perf_counter()
     profile = get_profile(profile)
@@ -131,16 +169,15 @@ def run(
     device = distributed.local_device() if distributed.is_distributed() else default_device()
     config = fit_to_gpu(config, device)
     data = load_data(config.train, root)
-    drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
-    edge_fr = sorted({0.0, EDGES_AT, *config.edge_fractions})
     runs = [("pio", None)] + [("nac", p) for p in config.priors]
     models = {model_name(k, p): {"kind": k, "prior": p, "per_seed": []} for k, p in runs}
     diag = {model_name("nac", p): [] for p in config.priors}
     # the NACs (the longest) first, so that the workers finish together
     tasks = [(seed, kind, prior) for kind, prior in runs[::-1] for seed in config.seeds]
     workers = harness.workers_for(workers, profile, device)
-    train = functools.partial(train_task, config, device, resume, root)
-    harness.train_ahead(train, tasks, workers, cache, "models", show_progress)
+    task = functools.partial(model_task, config, device, resume, root)
+    ahead = harness.train_ahead(task, tasks, workers, cache, "models", show_progress)
+    ahead = {} if ahead is None else dict(zip(tasks, ahead, strict=True))
     for seed in config.seeds:
         for kind, prior in runs:
             name = model_name(kind, prior)
@@ -153,18 +190,14 @@ def run(
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "history": history,
                 "train_or_load_seconds": time.perf_counter() - t0,
-                **evaluate(model, data.x_val, data.y_val, config.eval_batch),
             }
-            _drop_readings(r, kind, model, data, config, seed, drop_fr)
-            if kind == "nac":
-                r["edges"] = edge_curve(model, data, edge_fr, config.eval_batch)
-                full, e = point_at(r["drop"], 0.0)["top1"], point_at(r["edges"], EDGES_AT)["top1"]
-                r["lost_edges90"], r["relative_lost_edges90"] = full - e, relative_loss(full, e)
-                seed_everything(seed)  # the same initialisation as the trained model's
-                initial = build_model(kind, config.train, prior).to(device)
-                diag[name].append(
-                    {"seed": seed, **nac_diagnostics(model, initial, data, config.eval_batch)}
-                )
+            read = ahead.get((seed, kind, prior))
+            if read is None:
+                read = readings(model, kind, prior, data, config, seed, device)
+            r.update(read[0])
+            if read[1] is not None:
+                diag[name].append(read[1])
+            _speed_readings(r, model, config, seed)
             models[name]["per_seed"].append(r)
     _summarise(models, diag)
     partial = {
@@ -187,19 +220,12 @@ def run(
     )
 
 
-def _drop_readings(r: dict, kind: str, model, data, config: TinyImageNetConfig, seed: int, drop_fr):
-    """Into ``r``: the drop curves (a NAC in three orders, Perceiver IO in a random one), the
-    speed curve, and top-1, the loss and the speed-up at 80 % dropped."""
-    draws = config.random_draws
-    if kind == "nac":  # three orders: least connected first (App. F), random, most
-        for order in ("least", "random", "most"):
-            key = "drop" if order == "least" else f"drop_{order}"
-            r[key] = drop_curve(model, data, drop_fr, config.eval_batch, order, draws, seed)
-    else:  # Perceiver IO's latents have no order but a random one
-        r["drop"] = drop_curve(model, data, drop_fr, config.eval_batch, "random", draws, seed)
+def _speed_readings(r: dict, model, config: TinyImageNetConfig, seed: int) -> None:
+    """Into ``r`` (which holds the drop curves): the speed curve, and top-1, the loss and the
+    speed-up at 80 % dropped."""
     r["speed"] = speed_curve(
         model,
-        drop_fr,
+        sorted({0.0, DROP_AT, *config.drop_fractions}),
         config.throughput_batch,
         config.throughput_repeats,
         seed,
