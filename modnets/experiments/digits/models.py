@@ -170,7 +170,6 @@ def matched_snapshot(snapshots: list[dict], target: float) -> dict:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def predict(model: nn.Module, x: Tensor, batch_size: int = 512, **forward_kwargs) -> Tensor:
     """Logits ``(N, num_cls, num_outputs)`` for uint8 images, in evaluation mode."""
     model.eval()

@@ -135,7 +135,6 @@ def train(
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(
     model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 256, **forward_kwargs
 ) -> dict:
