@@ -42,7 +42,6 @@ from modnets.experiments.tiny_imagenet.data import Data, load_data
 from modnets.experiments.tiny_imagenet.models import (
     TRAIN_CODE,
     build_model,
-    evaluate,
     make_step,
     model_name,
     trained_model,
@@ -122,9 +121,9 @@ def readings(
     """``(readings, diagnostics)`` of a trained model: top-1 and top-5, the drop curves (a NAC in
     three orders, Perceiver IO in a random one), a NAC's edge curve and circuit diagnostics
     (``None`` for Perceiver IO). Everything but the throughput, which is timed alone."""
-    r = evaluate(model, data.x_val, data.y_val, config.eval_batch)
-    drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
     score = scorer(model, data, config.eval_batch)  # the validation tokens, computed once
+    r = score(model)  # what evaluate gives on the images, bit for bit
+    drop_fr = sorted({0.0, DROP_AT, *config.drop_fractions})
     # a NAC least connected first (App. F), random, most; Perceiver IO's latents have no order
     # but a random one
     orders = ("least", "random", "most") if kind == "nac" else ("random",)
