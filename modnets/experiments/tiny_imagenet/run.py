@@ -220,11 +220,11 @@ def run(
 
 
 def _speed_readings(r: dict, model, config: TinyImageNetConfig, seed: int) -> None:
-    """Into ``r`` (which holds the drop curves): the speed curve, and top-1, the loss and the
-    speed-up at 80 % dropped."""
+    """Into ``r`` (which holds the drop curves): the speed curve at the drop curves' fractions,
+    and top-1, the loss and the speed-up at 80 % dropped."""
     r["speed"] = speed_curve(
         model,
-        sorted({0.0, DROP_AT, *config.drop_fractions}),
+        [d["fraction"] for d in r["drop"]],
         config.throughput_batch,
         config.throughput_repeats,
         seed,
