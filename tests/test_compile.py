@@ -136,3 +136,28 @@ def test_the_fused_optimiser_takes_the_same_steps():
     torch.testing.assert_close(_fit_tiny(_config(fused=True)), _fit_tiny(_config()))
     with pytest.raises(TypeError, match="TrainConfig.fused must be True or False"):
         _config(fused=1)
+
+
+def test_channels_last_trains_in_that_layout_and_hands_back_the_default_one():
+    from modnets.training import fit
+
+    def train(channels_last: bool):
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(2, 4, 3)
+        model = torch.nn.Sequential(
+            conv, torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 1)
+        )
+        x, layouts = torch.randn(64, 2, 6, 6), []
+
+        def step(net, idx):
+            layouts.append(conv.weight.is_contiguous(memory_format=torch.channels_last))
+            return (net(x[idx]) - x[idx].mean((1, 2, 3))[:, None]).square().mean()
+
+        fit(model, step, _config(channels_last=channels_last), n=len(x), show_progress=False)
+        assert layouts == [channels_last] * 8  # 2 epochs of 4 batches, every one in the layout
+        assert conv.weight.is_contiguous()  # as a checkpoint loads it
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    torch.testing.assert_close(train(True), train(False))
+    with pytest.raises(TypeError, match="TrainConfig.channels_last must be True or False"):
+        _config(channels_last="yes")

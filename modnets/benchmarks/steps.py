@@ -136,6 +136,7 @@ def _experiment_models(
         return build, torch.randn(config.batch_size, channels, side, side), config
 
     vector = torch.rand(f.pretrain.batch_size, f.num_variables)
+    nfm_optim = s.finetune_optim() if s.finetune_epochs else s.optim  # NFM(CNN) goes on from it
     return {
         "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, f), vector, f.pretrain),
         "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),
@@ -143,7 +144,7 @@ def _experiment_models(
         "NAC (Tiny-ImageNet)": entry(partial(tiny_imagenet.build_model, "nac", t), t.nac_train),
         "Perceiver IO (Tiny-ImageNet)": entry(pio, t.pio_train),
         "CNN (stacked MNIST)": entry(partial(stacked_mnist.build_model, "cnn", s), s.optim, 1),
-        "NFM (stacked MNIST)": entry(partial(stacked_mnist.build_model, "nfm", s), s.optim, 1),
+        "NFM (stacked MNIST)": entry(partial(stacked_mnist.build_model, "nfm", s), nfm_optim, 1),
     }
 
 
@@ -165,8 +166,11 @@ def _trained_alone(cfg: BenchConfig, workers: int, names: Iterable[str]) -> set[
 
 
 def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callable[[], None]:
-    """One optimiser step as :func:`modnets.training.fit` takes it under ``config``: the model
-    compiled and the optimiser fused where the config says, autocast, clipping, the update."""
+    """One optimiser step as :func:`modnets.training.fit` takes it under ``config``: the weights
+    channels-last, the model compiled and the optimiser fused where the config says, autocast,
+    clipping, the update."""
+    if config.channels_last:
+        model.to(memory_format=torch.channels_last)
     net = maybe_compile(model, config.compile)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer_for([{"params": params}], config)
@@ -186,7 +190,7 @@ def _optimiser_step(model: nn.Module, x: Tensor, config: TrainConfig) -> Callabl
 
 
 #: The switches a plain eager float32 step has off.
-PLAIN = dict(compile=False, fused=False, amp=False)
+PLAIN = dict(compile=False, fused=False, amp=False, channels_last=False)
 
 
 def _as_run_child(
@@ -283,7 +287,7 @@ def _in_workers(cfg: BenchConfig, workers: int, eager: dict[str, Callable[[], No
 def bench_train_steps(cfg: BenchConfig, device) -> dict:
     """Each experiment's optimiser step as it runs against the plain eager float32 step of the same
     model in one process with every thread, interleaved in this run. As it runs: its config's
-    compile, fused optimiser and autocast, in the experiment's seed workers
+    compile, fused optimiser, channels-last weights and autocast, in the experiment's seed workers
     (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
     on a CPU, all training at once; one process at ``smoke`` and on a GPU). Every worker trains
     a copy of one model, as the experiments' seeds do; an experiment with fewer seeds than workers
@@ -335,6 +339,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
             "model": name,
             "compile": config.compile,
             "fused": config.fused,
+            "channels_last": config.channels_last,
             "workers": processes,
             "eager_ms": 1e3 * t["eager_s"],
             "as_run_ms": 1e3 * t["as_run_s"],
@@ -350,7 +355,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         rows.append(row)
     name = "Experiments' training steps: as run vs plain eager"
     target = ">= 1.4x for every model, NI MFU >= 40 %"
-    if workers == 1 and not any(r["compile"] or r["fused"] for r in rows):
+    if workers == 1 and not any(r["compile"] or r["fused"] or r["channels_last"] for r in rows):
         return make_result(
             name,
             rows,

@@ -117,6 +117,7 @@ def fit(
 
     Around the step, :func:`fit` owns: the optimiser (``param_groups`` or the trainable
     parameters; ``config.fused``: its fused kernel), the warm-up + cosine schedule, autocast,
+    channels-last convolution weights while it trains (``config.channels_last``),
     ``torch.compile`` (``config.compile``, :func:`maybe_compile`), DistributedDataParallel
     under ``torchrun``, gradient clipping, the progress bar, :class:`ResumableLoop` (checkpoints at ``state_path``; ``resume`` continues),
     ``evaluate(model) -> {metric: value}`` after each epoch (kept as ``history["val_<metric>"]``)
@@ -128,6 +129,8 @@ def fit(
 
     _check_fit(config, n, batches, evaluate)
     device = next(model.parameters()).device
+    if config.channels_last:  # the parameters stay the same objects: only their strides change
+        model.to(memory_format=torch.channels_last)
     if param_groups is None:
         param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     opt = optimizer_for(param_groups, config)
@@ -192,6 +195,8 @@ def fit(
         bar.close()
     if config.best is not None and best.weights is not None:
         model.load_state_dict(best.weights)
+    if config.channels_last:  # the default layout again: a model computes as its checkpoint does
+        model.to(memory_format=torch.contiguous_format)
     return history
 
 

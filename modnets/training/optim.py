@@ -61,8 +61,11 @@ class TrainConfig:
     # the speed switches (not in the checkpoint key: the same step up to rounding):
     # torch.compile the model the step runs (its warm-up pays off over thousands of steps) ...
     compile: bool = field(default=False, metadata={"key": False})
-    # ... and the optimiser's fused kernel (one pass over every parameter instead of one per tensor)
+    # ... the optimiser's fused kernel (one pass over every parameter instead of one per tensor) ...
     fused: bool = field(default=False, metadata={"key": False})
+    # ... and 4-D weights stored channels-last while training (NHWC, oneDNN's own layout for
+    # convolutions: no reorder of every activation around each one; a model without them is as is)
+    channels_last: bool = field(default=False, metadata={"key": False})
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "log_points", "accumulate"):
@@ -96,7 +99,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.clip_grad_norm must be positive or None, got {self.clip_grad_norm!r}"
             )
-        for name in ("amp", "compile", "fused"):
+        for name in ("amp", "compile", "fused", "channels_last"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
                     f"TrainConfig.{name} must be True or False, got {getattr(self, name)!r}"
