@@ -424,9 +424,10 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
     """With finetune_epochs, the CNN is trained once per seed; the CNN and NFM(CNN) then go on
     from its weights, both computing exactly the pretrained CNN's function at the start."""
     x = sm.inputs(torch.randint(0, 256, (3, 1, 64, 64), dtype=torch.uint8), "cpu")
-    starts, real_train = [], sm.train
+    starts, optims, real_train = [], [], sm.train
 
     def recording(model, data, optim, *args, **kwargs):
+        optims.append(optim)
         with torch.no_grad():
             starts.append((optim.epochs, model.nfm is not None, model.eval()(x)))
         history = real_train(model, data, optim, *args, **kwargs)
@@ -449,6 +450,8 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
         (1, False),
         ("end", False),
     ]
+    t = TINY_FT.train
+    assert optims == [t.optim, t.finetune_optim("nfm"), t.finetune_optim("cnn")]
     pretrained = starts[1][2]
     torch.testing.assert_close(starts[2][2], pretrained, rtol=0, atol=1e-6)  # gamma = 0
     torch.testing.assert_close(starts[4][2], pretrained, rtol=0, atol=0)
@@ -457,6 +460,17 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
     assert hist["epoch"] == [1] and "val_gamma" in hist and "val_gamma" not in cnn_hist
     assert nfm.nfm.attention[0][0].source_keys is not None  # reader-side projections (§3.2.1)
     assert cnn.pool == "flatten"
+
+
+def test_the_cpu_finetunings_compile_nothing_and_nfm_keeps_the_default_layout():
+    t = sm.CONFIGS["cpu"].train
+    assert t.optim.compile and t.optim.channels_last  # the pretraining's 6,000 steps
+    cnn, nfm = t.finetune_optim("cnn"), t.finetune_optim("nfm")
+    assert (cnn.epochs, cnn.compile, cnn.channels_last) == (t.finetune_epochs, False, True)
+    assert (nfm.epochs, nfm.compile, nfm.channels_last) == (t.finetune_epochs, False, False)
+    assert nfm.fused and cnn.fused and cnn.lr == nfm.lr == t.optim.lr
+    with pytest.raises(ValueError, match="kind must be one of"):
+        t.finetune_optim("vit")
 
 
 @pytest.mark.long

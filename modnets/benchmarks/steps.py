@@ -136,7 +136,7 @@ def _experiment_models(
         return build, torch.randn(config.batch_size, channels, side, side), config
 
     vector = torch.rand(f.pretrain.batch_size, f.num_variables)
-    nfm_optim = s.finetune_optim() if s.finetune_epochs else s.optim  # NFM(CNN) goes on from it
+    nfm_optim = s.finetune_optim("nfm") if s.finetune_epochs else s.optim  # goes on from a CNN
     return {
         "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, f), vector, f.pretrain),
         "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),

@@ -138,10 +138,17 @@ class StackedMNISTTrain:
         if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
             raise ValueError(f"finetune_epochs must be an int >= 0, got {self.finetune_epochs!r}")
 
-    def finetune_optim(self) -> TrainConfig:
-        """How both models go on from the CNN: ``optim`` for ``finetune_epochs`` epochs, nothing
-        compiled (so few steps never repay a compilation: NFM(CNN)'s takes minutes)."""
-        return replace(self.optim, epochs=self.finetune_epochs, compile=False)
+    def finetune_optim(self, kind: str) -> TrainConfig:
+        """How ``kind`` goes on from the CNN: ``optim`` for ``finetune_epochs`` epochs, nothing
+        compiled (so few steps never repay a compilation: NFM(CNN)'s takes minutes), and
+        NFM(CNN)'s weights in the default layout (most of its step is its reads, which
+        channels-last convolutions do not speed)."""
+        if kind not in MODELS:
+            raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+        channels_last = self.optim.channels_last and kind == "cnn"
+        return replace(
+            self.optim, epochs=self.finetune_epochs, compile=False, channels_last=channels_last
+        )
 
     def nfm(self) -> dict:
         """:class:`modnets.models.nfm.NFMNetwork` arguments."""

@@ -197,7 +197,7 @@ def trained_model(
         model.load_state_dict(weights)
         return model if kind == "cnn" else model.with_nfm(**t.nfm())
 
-    optim = t.finetune_optim()
+    optim = t.finetune_optim(kind)
     model, hist = load_or_train(
         f"{NAME}-{kind}-finetuned",
         t,
