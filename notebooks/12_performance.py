@@ -427,7 +427,8 @@ else:
 #
 # Every model an experiment trains takes its optimiser step here exactly as the experiment runs
 # it: as its configuration says (`TrainConfig.compile`: `torch.compile` with Inductor;
-# `TrainConfig.fused`: the optimiser's fused kernel) and where the experiment runs it, in its
+# `TrainConfig.fused`: the optimiser's fused kernel; `TrainConfig.channels_last`: 4-D weights in
+# the layout oneDNN's convolutions use) and where the experiment runs it, in its
 # seed workers (section 10: on a CPU, one single-threaded process per core, each training its
 # own seed, all at once). The other side is the plain eager float32 step of the same model in
 # one process with every thread, as a script that just calls the model would run it. The two
@@ -437,8 +438,9 @@ else:
 # Every worker here trains a copy of the same model, as the fuzzy-Boolean NI's seeds, the digits'
 # whole seeds and Tiny-ImageNet's NACs (then its Perceiver IOs) do. Stacked MNIST's one seed is
 # the exception: a lone pretraining, then one NFM and one CNN of very unequal cost, so it trains
-# in one process with every thread, eagerly (one epoch of each does not repay a compilation), and
-# its rows time it so (`workers` 1): the fused optimiser is all that differs from the plain step.
+# in one process with every thread, and its rows time it so (`workers` 1): the CNN's pretraining
+# compiled with channels-last weights, NFM(CNN)'s epoch eager (one epoch does not repay a
+# compilation) with the fused optimiser and channels-last weights.
 # Compiling costs a warm-up (`warmup_s`, in every worker at once) that pays for itself after
 # `break_even_steps` steps; the compiled code is reused by every later seed a worker trains.
 # At the `cpu` profile the six compilations take longer than the rest of this chapter, so
@@ -480,7 +482,9 @@ plt.tight_layout()
 # is too small to keep two threads busy; compiling pays on top where a step is many small
 # element-wise operations (the NI's code modulation and routing, NFM's reads), which Inductor
 # fuses into a few loops, and little where a step is mostly large matmuls or convolutions
-# (section 9b says how little it could).
+# (section 9b says how little it could). The CNN's convolutions gain a little from another
+# side: channels-last weights, the layout oneDNN runs them in, make the products themselves
+# faster, which no compiler's fusion does.
 
 # %% [markdown]
 # ### 9b. How much faster a step could get
