@@ -440,7 +440,7 @@ else:
 # the exception: a lone pretraining, then one NFM and one CNN of very unequal cost, so it trains
 # in one process with every thread, and its rows time it so (`workers` 1): the CNN's pretraining
 # compiled with channels-last weights, NFM(CNN)'s epoch eager (one epoch does not repay a
-# compilation) with the fused optimiser and channels-last weights.
+# compilation) with the fused optimiser, in the default layout (it did not speed its reads).
 # Compiling costs a warm-up (`warmup_s`, in every worker at once) that pays for itself after
 # `break_even_steps` steps; the compiled code is reused by every later seed a worker trains.
 # At the `cpu` profile the six compilations take longer than the rest of this chapter, so

@@ -436,10 +436,13 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
         return history
 
     monkeypatch.setattr(sm.models, "train", recording)
-    data = sm.training_data(TINY_FT.train, verify=False)
-    nfm, hist = sm.trained_model("nfm", TINY_FT, 0, data, "cpu", show_progress=False, verify=False)
+    # channels-last, as at cpu: the two finetunings then differ in their optimiser's layout
+    optim = dataclasses.replace(TINY_FT.train.optim, channels_last=True)
+    config = dataclasses.replace(TINY_FT, train=dataclasses.replace(TINY_FT.train, optim=optim))
+    data = sm.training_data(config.train, verify=False)
+    nfm, hist = sm.trained_model("nfm", config, 0, data, "cpu", show_progress=False, verify=False)
     cnn, cnn_hist = sm.trained_model(
-        "cnn", TINY_FT, 0, data, "cpu", show_progress=False, verify=False
+        "cnn", config, 0, data, "cpu", show_progress=False, verify=False
     )
     # pretraining (2 epochs) once, then the two finetunings (1 epoch each) from its end
     assert [(e, n) for e, n, _ in starts] == [
@@ -450,8 +453,9 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
         (1, False),
         ("end", False),
     ]
-    t = TINY_FT.train
+    t = config.train
     assert optims == [t.optim, t.finetune_optim("nfm"), t.finetune_optim("cnn")]
+    assert [o.channels_last for o in optims] == [True, False, True]
     pretrained = starts[1][2]
     torch.testing.assert_close(starts[2][2], pretrained, rtol=0, atol=1e-6)  # gamma = 0
     torch.testing.assert_close(starts[4][2], pretrained, rtol=0, atol=0)
