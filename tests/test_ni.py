@@ -292,7 +292,7 @@ def test_modattn_fused_projects_q_k_v_in_one_product():
         ):
             got = attn.project(x, codes)
             for g, proj, scale in zip(got, (attn.query, attn.key, attn.value), scales, strict=True):
-                want = scale * attn._heads(proj(x, codes[:, None, :])).transpose(2, 3)
+                want = scale * proj(x, codes[:, None, :]).unflatten(-1, (2, 4)).transpose(2, 3)
                 assert g.shape == (B, U, 2, T, 4)
                 torch.testing.assert_close(g, want, atol=1e-12, rtol=1e-12)
     finally:
@@ -699,7 +699,7 @@ def test_modattn_bias_enters_the_logits_before_the_softmax(fused):
     bias = torch.randn(U, H, T, T, requires_grad=True)
     w = attn.attention_weights(x, codes, compat, bias)  # the readable NI eq. 7, logits + bias
     c = codes[:, None, :]
-    v = attn._heads(attn.value(x, c))
+    v = attn.value(x, c).unflatten(-1, (H, d // H))
     expected = attn.out(torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2), c)
     out = attn(x, codes, compat, bias)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)

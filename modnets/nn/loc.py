@@ -56,7 +56,13 @@ class LOC(nn.Module):
 
     def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
         check_streams(x, codes, compat, self.dim, self.code_dim)
-        gate = compat[..., None]
-        bias = None if self.relpos is None else self.relpos(codes, x.shape[2])
-        a = x + gate * self.attn(self.norm_attn(x), codes, compat, bias)
-        return a + gate * self.mlp(self.norm_mlp(a), codes[:, None, :])
+        B, U, T, _ = x.shape
+        codes = codes.expand(U, -1)
+        bias = None if self.relpos is None else self.relpos(codes, T)
+        # computed function-major, (U, B, T, d): each function's rows are one block of its
+        # products, so the element-wise work between them needs no transposed copies
+        x, C = x.transpose(0, 1), compat.expand(B, U, T).transpose(0, 1)
+        gate = C[..., None]
+        a = x + gate * self.attn.per_function(self.norm_attn(x), codes, C, bias)
+        y = a + gate * self.mlp.per_function(self.norm_mlp(a), codes)
+        return y.transpose(0, 1)

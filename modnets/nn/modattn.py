@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.nn.config import fused_attn
-from modnets.nn.modulated import ModLin, streams_linear
+from modnets.nn.modulated import ModLin, functions_linear, streams_linear
 
 __all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
 
@@ -127,58 +127,86 @@ class ModAttn(nn.Module):
         """The path this ModAttn was built with (``None``: the library's switch decides)."""
         return self._fused
 
-    def _heads(self, t: Tensor) -> Tensor:
-        B, U, T, _ = t.shape
-        return t.view(B, U, T, self.num_heads, self.head_dim)
-
-    def project(self, x: Tensor, codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The fused path's queries (already times ``1 / sqrt(d_key)``), keys and values, NI eq. 6,
-        from one product: each function's three ModLins ``W diag(m_u)`` (NI eq. 4) stacked into a
-        ``(U, 3 d, d)`` matrix, so ``x`` is read once and its gradient comes back from one
-        product, not three. Returns three ``(B, U, H, T, d_head)`` views."""
+    def _stacked_weights(self, codes: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Each function's three ModLins ``W diag(m_u)`` (NI eq. 4) stacked into one ``(U, 3 d, d)``
+        matrix, queries times ``scale``, and their biases ``(3 d,)``: ``x`` is read once and its
+        gradient comes back from one product, not three."""
         c = codes[:, None, :]
-        scale = 1 / math.sqrt(self.head_dim)
         projs = (self.query, self.key, self.value)
         w = [p.stream_weight(p.modulation(c)) for p in projs]
         b = [p.bias for p in projs]
         w[0], b[0] = scale * w[0], scale * b[0]
-        qkv = streams_linear(x, torch.cat(w, 1), torch.cat(b))
+        return torch.cat(w, 1), torch.cat(b)
+
+    def project(self, x: Tensor, codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused path's queries (already times ``1 / sqrt(d_key)``), keys and values, NI eq. 6,
+        from one product (:meth:`_stacked_weights`). Returns three ``(B, U, H, T, d_head)``
+        views."""
+        qkv = streams_linear(x, *self._stacked_weights(codes, 1 / math.sqrt(self.head_dim)))
         qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim))  # (B, U, T, 3, H, dh)
         return qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)
+
+    def _weights(self, q: Tensor, k: Tensor, C: Tensor, bias: Tensor | None) -> Tensor:
+        """NI eq. 7 on function-major streams: q, k ``(U, B, T, H, dh)``, C ``(U, B, T)``,
+        bias ``(U, H, T, T)`` or ``None``  ->  ``W`` ``(U, B, H, T, T)``."""
+        logits = torch.einsum("ubihc,ubjhc->ubhij", q, k) / math.sqrt(self.head_dim)
+        if bias is not None:
+            logits = logits + bias[:, None]
+        w = torch.softmax(logits, dim=-1)
+        w = w * (C[:, :, None, :, None] * C[:, :, None, None, :])
+        return w / (self.eps + w.sum(dim=-1, keepdim=True))
+
+    def _per_function_eq7(
+        self, x: Tensor, codes: Tensor, C: Tensor, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The weights ``(U, B, H, T, T)`` and values ``(U, B, T, H, dh)`` of function-major
+        streams x ``(U, B, T, d)``."""
+        qkv = functions_linear(x, *self._stacked_weights(codes))
+        q, k, v = qkv.unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(-3)
+        return self._weights(q, k, C, bias), v
 
     def attention_weights(
         self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
     ) -> Tensor:
         """The modulated weights ``W_uhij`` of NI eq. 7: shape ``(B, U, H, T, T)``; rows sum to ~1
         where ``C_ui > 0`` and are zero where ``C_ui = 0``."""
-        c = codes[:, None, :]  # broadcast each function's code over tokens
-        q = self._heads(self.query(x, c))
-        k = self._heads(self.key(x, c))
-        logits = torch.einsum("buihc,bujhc->buhij", q, k) / math.sqrt(self.head_dim)
-        if bias is not None:
-            logits = logits + bias
-        w = torch.softmax(logits, dim=-1)
-        w = w * (compat[:, :, None, :, None] * compat[:, :, None, None, :])
-        return w / (self.eps + w.sum(dim=-1, keepdim=True))
+        codes, C = codes.expand(x.shape[1], -1), compat.expand(x.shape[:3]).transpose(0, 1)
+        return self._per_function_eq7(x.transpose(0, 1), codes, C, bias)[0].transpose(0, 1)
 
     def forward(
         self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None = None
     ) -> Tensor:
         check_streams(x, codes, compat, self.dim, self.code_dim)
-        B, U, T, _ = x.shape
-        H, dh = self.num_heads, self.head_dim
+        C = compat.expand(x.shape[:3]).transpose(0, 1)
+        return self.per_function(x.transpose(0, 1), codes, C, bias).transpose(0, 1)
+
+    def per_function(
+        self, x: Tensor, codes: Tensor, C: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
+        """``forward`` on streams stored function-major, as :class:`~modnets.nn.loc.LOC` keeps
+        them: x ``(U, B, T, d)``, codes ``(U, d_code)``, C ``(U, B, T)``  ->  ``(U, B, T, d)``."""
+        U, B, T, _ = x.shape
+        H = self.num_heads
         if bias is not None and bias.shape not in ((U, H, T, T), (1, H, T, T)):
             raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")
-        c = codes[:, None, :]
+        codes = codes.expand(U, -1)
         fused = fused_attn() if self._fused is None else self._fused
         if fused is None:  # the faster path here (see the module's docstring)
             fused = x.device.type == "cuda" or T >= FUSED_MIN_TOKENS
             fused = fused and not torch.compiler.is_compiling()
         if not fused:
-            w = self.attention_weights(x, codes, compat, bias)
-            v = self._heads(self.value(x, c))
-            mixed = torch.einsum("buhij,bujhc->buihc", w, v).flatten(-2)  # heads into channels
-            return self.out(mixed, c)
+            w, v = self._per_function_eq7(x, codes, C, bias)
+            mixed = torch.einsum("ubhij,ubjhc->ubihc", w, v).flatten(-2)  # heads into channels
+            return self.out.per_function(mixed, codes)
+        return self._fused_attention(x.transpose(0, 1), codes, C.transpose(0, 1), bias)
+
+    def _fused_attention(
+        self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None
+    ) -> Tensor:
+        """NI eq. 7 through ``F.scaled_dot_product_attention`` (the module's docstring):
+        x ``(B, U, T, d)``  ->  ``(U, B, T, d)``, function-major."""
+        B, U, T, _ = x.shape
+        H, dh = self.num_heads, self.head_dim
         q, k, v = self.project(x, codes)
         C = compat.expand(B, U, T)[:, :, None, :, None].to(v.dtype)  # (B, U, 1, T, 1)
         # (B, U H, T, w): each function's heads side by side, so that one attention over (B, U H)
@@ -197,5 +225,5 @@ class ModAttn(nn.Module):
         # sum_j W_ij v_j = C_i N_i / (eps + C_i D_i): one (B, U, H, T, 1) factor times N_i
         mixed = nd[..., :dh] * (C / (self.eps + C * nd[..., dh : dh + 1]))
         # heads into channels, written function-major: the out ModLin reads it without a copy
-        mixed = mixed.permute(1, 0, 3, 2, 4).reshape(U, B, T, self.dim).movedim(0, 1)
-        return self.out(mixed, c)
+        mixed = mixed.permute(1, 0, 3, 2, 4).reshape(U, B, T, self.dim)
+        return self.out.per_function(mixed, codes)

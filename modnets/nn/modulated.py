@@ -31,7 +31,15 @@ from torch import Tensor, nn
 
 from modnets.utils import positive_int
 
-__all__ = ["ModLin", "ModMLP", "ModFC", "ModFFN", "modffn_parameter_count", "streams_linear"]
+__all__ = [
+    "ModLin",
+    "ModMLP",
+    "ModFC",
+    "ModFFN",
+    "functions_linear",
+    "modffn_parameter_count",
+    "streams_linear",
+]
 
 
 def _check_inputs(layer: nn.Module, x: Tensor, code: Tensor) -> None:
@@ -138,22 +146,27 @@ class _Modulated(nn.Module):
 
 def streams_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``y_u = x_u W_u^T + b`` for every function stream ``u``: x ``(..., U, T, d_in)``, weight
-    ``(U, d_out, d_in)`` (one matrix per function), bias ``(d_out,)``  ->  ``(..., U, T, d_out)``.
+    ``(U, d_out, d_in)`` (one matrix per function), bias ``(d_out,)``  ->  ``(..., U, T, d_out)``,
+    a view of :func:`functions_linear`'s function-major result, not copied back; ``x`` stored
+    function-major (a ``movedim`` of ``(U, ..., T, d_in)`` memory) is read without a copy."""
+    return functions_linear(x.movedim(-3, 0), weight, bias).movedim(0, -3)
+
+
+def functions_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``y_u = x_u W_u^T + b`` on function-major rows: x ``(U, ..., d_in)``, weight
+    ``(U, d_out, d_in)``, bias ``(d_out,)``  ->  ``(U, ..., d_out)``.
 
     The ``U`` products are one ``baddbmm`` with the bias added inside it (in :func:`_row_blocks`
-    blocks of rows per function), and the result is a view of its ``(U, ..., T, d_out)`` memory,
-    not copied back; ``x`` stored function-major (a ``movedim`` of ``(U, ..., T, d_in)`` memory)
-    is read without a copy: fewer passes over memory than an ``einsum`` then the bias (chapter
-    12, ``modulated``)."""
+    blocks of rows per function): fewer passes over memory than an ``einsum`` then the bias
+    (chapter 12, ``modulated``)."""
     U, d_out, d_in = weight.shape
-    xu = x.movedim(-3, 0)  # (U, ..., T, d_in): a view if x is stored function-major
-    rows = xu.shape[1:-1]
-    k = _row_blocks(U, xu[..., 0].numel() // U, x.device)
-    xu = xu.reshape(U * k, -1, d_in)  # k blocks of rows per function
+    rows = x.shape[1:-1]
+    k = _row_blocks(U, x[..., 0].numel() // U, x.device)
+    xu = x.reshape(U * k, -1, d_in)  # k blocks of rows per function
     wt = weight.transpose(1, 2)
     wt = wt.repeat_interleave(k, dim=0) if k > 1 else wt
     y = torch.bmm(xu, wt) if bias is None else torch.baddbmm(bias, xu, wt)
-    return y.view(U, *rows, d_out).movedim(0, -3)
+    return y.view(U, *rows, d_out)
 
 
 class ModLin(_Modulated):
@@ -177,6 +190,12 @@ class ModLin(_Modulated):
     def forward(self, x: Tensor, code: Tensor) -> Tensor:
         _check_inputs(self, x, code)
         return self._modulated_linear(x, self.modulation(code))
+
+    def per_function(self, x: Tensor, codes: Tensor) -> Tensor:
+        """Every function's layer on its own rows, stored function-major: x ``(U, ..., d_in)``,
+        codes ``(U, d_code)``  ->  ``(U, ..., d_out)``; the same numbers as ``forward`` with
+        x moved to ``(..., U, T, d_in)`` and codes ``(U, 1, d_code)``."""
+        return functions_linear(x, self.stream_weight(self.modulation(codes[:, None])), self.bias)
 
 
 class ModFC(_Modulated):
@@ -268,6 +287,15 @@ class ModMLP(nn.Module):
             if i > 0:
                 x = F.gelu(x)
             x = layer(x, code)
+        return x
+
+    def per_function(self, x: Tensor, codes: Tensor) -> Tensor:
+        """:meth:`ModLin.per_function` through all layers: x ``(U, ..., d_in)``, codes
+        ``(U, d_code)``  ->  ``(U, ..., d_out)``."""
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                x = F.gelu(x)
+            x = layer.per_function(x, codes)
         return x
 
 
