@@ -268,6 +268,24 @@ looped = torch.stack(
 assert torch.allclose(out, looped, atol=1e-5)
 
 # %% [markdown]
+# ## In memory, function by function
+#
+# The LOC's interface is `(batch, functions, tokens, dim)`, but the library computes it with the
+# functions first in memory, `(U, B, T, d)`. Each function's $B \cdot T$ rows are then one block,
+# one matrix of a single batched product (`baddbmm`) per layer, and the element-wise work between
+# the products (the LayerNorms, GELU, the gates $C_{ui}$) reads and writes that same layout. Kept
+# batch-first, every product would copy its input into function order and its gradient back;
+# chapter 12 times the compiled step. `ModAttn.per_function` and `ModMLP.per_function` take the
+# streams in that order (a transpose, a view) and compute the same numbers:
+
+# %%
+xu, Cu = x.transpose(0, 1), C.transpose(0, 1)  # (U, B, T, d), (U, B, T): views
+attn_u = loc.attn.per_function(xu, codes, Cu)
+assert torch.allclose(attn_u, loc.attn(x, codes, C).transpose(0, 1), atol=1e-6)
+mlp_u = loc.mlp.per_function(xu, codes)
+assert torch.allclose(mlp_u, loc.mlp(x, codes[:, None, :]).transpose(0, 1), atol=1e-6)
+
+# %% [markdown]
 # The cost of this parallelism is memory: the attention weights are `(B, U, H, T, T)`, $U$ times a
 # transformer's. For the paper's digits setting (chapter 6 at the `gpu` profile: batch 128,
 # 5 functions, 4 heads, 64 patches and 3 CLS tokens, so 67 tokens) that is 11.5 M floats per LOC,

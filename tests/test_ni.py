@@ -420,6 +420,27 @@ def test_loc_vectorised_equals_per_function_loop():
     torch.testing.assert_close(loc(x, codes, compat), loc_loop_reference(loc, x, codes, compat))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_loc_keeps_each_functions_rows_together_in_memory(fused):
+    # the streams leave a LOC function-major, (U, B, T, d) in memory, so the next LOC's products
+    # read each function's rows as one block, without a copy; per_function, which takes that
+    # layout, computes forward's numbers
+    torch.manual_seed(0)
+    locs = [modnets.LOC(16, 8, num_heads=2, mlp_hidden=24).double() for _ in range(2)]
+    x, codes, compat = (t.double() for t in streams())
+    y = x[:, :1].expand_as(x)  # the first LOC's input: one tokens tensor broadcast to every stream
+    with use_fused_attn(fused):
+        for loc in locs:
+            y = loc(y, codes, compat)
+            assert y.transpose(0, 1).is_contiguous()
+        loc = locs[0]
+        xu, Cu = x.transpose(0, 1), compat.transpose(0, 1)
+        want = loc.attn(x, codes, compat).transpose(0, 1)
+        torch.testing.assert_close(loc.attn.per_function(xu, codes, Cu), want, rtol=0, atol=1e-12)
+        want = loc.mlp(x, codes[:, None]).transpose(0, 1)
+        torch.testing.assert_close(loc.mlp.per_function(xu, codes), want, rtol=0, atol=1e-12)
+
+
 def test_loc_is_identity_where_compatibility_is_zero():
     loc = modnets.LOC(16, 8, num_heads=2)
     x, codes, compat = streams()

@@ -61,7 +61,7 @@ class LOC(nn.Module):
         bias = None if self.relpos is None else self.relpos(codes, T)
         # computed function-major, (U, B, T, d): each function's rows are one block of its
         # products, so the element-wise work between them needs no transposed copies
-        x, C = x.transpose(0, 1), compat.expand(B, U, T).transpose(0, 1)
+        x, C = x.transpose(0, 1), compat.expand(B, U, T).transpose(0, 1).contiguous()
         gate = C[..., None]
         a = x + gate * self.attn.per_function(self.norm_attn(x), codes, C, bias)
         y = a + gate * self.mlp.per_function(self.norm_mlp(a), codes)

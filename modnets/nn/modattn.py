@@ -20,13 +20,15 @@ NI eq. 7 exactly, ``eps`` included, with no ``log C``: exact zeros in ``C`` are 
 numbers. It also computes ``q``, ``k`` and ``v`` in one product (:meth:`ModAttn.project`) and
 writes the mixed heads function-major, where the out ModLin reads them without a copy.
 :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7, and ``fused=False`` runs the
-forward pass through it.
+forward pass through the same lines (its ``q``, ``k`` and ``v`` from one product too).
 
 Which path is faster depends on the number of tokens: the fused kernel wins on CUDA, and on a
 CPU from about :data:`FUSED_MIN_TOKENS` tokens on (below that its per-head overhead dominates).
 ``fused=None`` (the default) picks accordingly, with or without a learned ``bias`` (the
 relative positions of chapter 6); under ``torch.compile`` it takes NI eq. 7 as written, whose
-element-wise work Inductor fuses itself. Chapter 12 measures all of it (``python -m bench
+element-wise work Inductor fuses itself. Both paths run on streams stored function-major
+(:meth:`ModAttn.per_function`, what a LOC calls), where each function's rows are one block of
+its products and no element-wise kernel between them reads or writes a transposed layout. Chapter 12 measures all of it (``python -m bench
 --only modattn_tokens ni_fused``).
 """
 

@@ -15,6 +15,9 @@ broadcast against each other. So ``x`` of shape ``(batch, U, d_in)`` with codes 
 (one code per module) or ``(batch, U, d_code)`` (per-sample codes) runs all ``U`` modules in one
 call, and NI's function streams ``(batch, U, tokens, d_in)`` take codes shaped ``(U, 1, d_code)``.
 The modulation is computed once per code and broadcast; there is no loop over modules.
+``per_function`` takes streams stored function-major, ``(U, batch, tokens, d_in)`` with codes
+``(U, d_code)``: each function's rows are then one block of one batched product
+(:func:`functions_linear`), the layout NI's LOCs keep their streams in.
 
 The LayerNorm on ``W_c c`` has no affine parameters, as in the public NI code and as NAC App. B.1's
 parameter count assumes.
