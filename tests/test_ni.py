@@ -441,6 +441,24 @@ def test_loc_keeps_each_functions_rows_together_in_memory(fused):
         torch.testing.assert_close(loc.mlp.per_function(xu, codes), want, rtol=0, atol=1e-12)
 
 
+def test_per_function_refuses_streams_in_the_wrong_order_naming_the_argument():
+    loc = modnets.LOC(16, 8, num_heads=2, mlp_hidden=24)
+    x, codes, compat = streams()  # (B, U, T, d) with B = 2, U = 3: not function-major
+    xu, Cu = x.transpose(0, 1), compat.transpose(0, 1)
+    with pytest.raises(ValueError, match="codes must have shape \\(2, 8\\)"):
+        loc.mlp.per_function(x, codes)
+    with pytest.raises(ValueError, match="^x must have shape \\(functions, \\.\\.\\., 16\\)"):
+        loc.mlp.per_function(xu[..., :8], codes)
+    with pytest.raises(TypeError, match="codes must be a torch.Tensor"):
+        loc.mlp.per_function(xu, codes.tolist())
+    with pytest.raises(ValueError, match="^C must have shape \\(3, 2, 5\\)"):
+        loc.attn.per_function(xu, codes, compat)
+    with pytest.raises(ValueError, match="^codes must have shape \\(2, 8\\)"):
+        loc.attn.per_function(x, codes, Cu.transpose(0, 1))
+    with pytest.raises(ValueError, match="^x must have shape \\(functions, batch, tokens, 16\\)"):
+        loc.attn.per_function(xu[0], codes, Cu)
+
+
 def test_loc_is_identity_where_compatibility_is_zero():
     loc = modnets.LOC(16, 8, num_heads=2)
     x, codes, compat = streams()

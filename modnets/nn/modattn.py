@@ -187,7 +187,18 @@ class ModAttn(nn.Module):
     ) -> Tensor:
         """``forward`` on streams stored function-major, as :class:`~modnets.nn.loc.LOC` keeps
         them: x ``(U, B, T, d)``, codes ``(U, d_code)``, C ``(U, B, T)``  ->  ``(U, B, T, d)``."""
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x must have shape (functions, batch, tokens, {self.dim}), got {tuple(x.shape)}"
+            )
         U, B, T, _ = x.shape
+        if codes.dim() != 2 or codes.shape[-1] != self.code_dim or codes.shape[0] not in (1, U):
+            raise ValueError(
+                f"codes must have shape ({U}, {self.code_dim}) (one code per function), "
+                f"got {tuple(codes.shape)}"
+            )
+        if C.shape != (U, B, T):
+            raise ValueError(f"C must have shape ({U}, {B}, {T}), got {tuple(C.shape)}")
         H = self.num_heads
         if bias is not None and bias.shape not in ((U, H, T, T), (1, H, T, T)):
             raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")

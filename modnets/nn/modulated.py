@@ -73,6 +73,22 @@ def _check_inputs(layer: nn.Module, x: Tensor, code: Tensor) -> None:
         ) from None
 
 
+def _check_per_function(layer: nn.Module, x: Tensor, codes: Tensor) -> None:
+    """Validate function-major streams at ``per_function``, naming the argument that is wrong."""
+    for name, t in (("x", x), ("codes", codes)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() < 2 or x.shape[-1] != layer.in_features:
+        raise ValueError(
+            f"x must have shape (functions, ..., {layer.in_features}), got {tuple(x.shape)}"
+        )
+    if codes.shape != (x.shape[0], layer.code_features):
+        raise ValueError(
+            f"codes must have shape ({x.shape[0]}, {layer.code_features}): one code per function, "
+            f"as many as x's first dimension; got {tuple(codes.shape)}"
+        )
+
+
 def _row_blocks(functions: int, rows: int, device: torch.device) -> int:
     """Into how many blocks to cut each function's ``rows`` so that the ``functions * k``
     products of one ``bmm`` share the CPU threads evenly: torch parallelises a CPU ``bmm`` over
@@ -198,6 +214,7 @@ class ModLin(_Modulated):
         """Every function's layer on its own rows, stored function-major: x ``(U, ..., d_in)``,
         codes ``(U, d_code)``  ->  ``(U, ..., d_out)``; the same numbers as ``forward`` with
         x moved to ``(..., U, T, d_in)`` and codes ``(U, 1, d_code)``."""
+        _check_per_function(self, x, codes)
         return functions_linear(x, self.stream_weight(self.modulation(codes[:, None])), self.bias)
 
 
