@@ -28,7 +28,8 @@ CPU from about :data:`FUSED_MIN_TOKENS` tokens on (below that its per-head overh
 relative positions of chapter 6); under ``torch.compile`` it takes NI eq. 7 as written, whose
 element-wise work Inductor fuses itself. Both paths run on streams stored function-major
 (:meth:`ModAttn.per_function`, what a LOC calls), where each function's rows are one block of
-its products and no element-wise kernel between them reads or writes a transposed layout. Chapter 12 measures all of it (``python -m bench
+its products and no element-wise kernel between them reads or writes a transposed layout.
+Chapter 12 measures all of it (``python -m bench
 --only modattn_tokens ni_fused``).
 """
 
@@ -92,8 +93,8 @@ class ModAttn(nn.Module):
         num_heads: ``H``; must divide ``dim``.
         eps: ``epsilon`` of the renormalisation (NI eq. 7).
         fused: ``True``: the forward pass through ``F.scaled_dot_product_attention``;
-            ``False``: through :meth:`attention_weights` (the readable NI eq. 7, ``(B, U, H, T, T)``
-            in memory); ``None`` (default): the library's switch
+            ``False``: through the lines of :meth:`attention_weights` (the readable NI eq. 7,
+            the ``U B H T^2`` weights in memory); ``None`` (default): the library's switch
             (:func:`modnets.nn.config.set_fused_attn`), which by default picks whichever is
             faster here (see the module's docstring).
 
