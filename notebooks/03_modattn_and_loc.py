@@ -279,6 +279,7 @@ assert torch.allclose(out, looped, atol=1e-5)
 # streams in that order (a transpose, a view) and compute the same numbers:
 
 # %%
+assert out.transpose(0, 1).is_contiguous()  # the LOC's output is stored (U, B, T, d)
 xu, Cu = x.transpose(0, 1), C.transpose(0, 1)  # (U, B, T, d), (U, B, T): views
 attn_u = loc.attn.per_function(xu, codes, Cu)
 assert torch.allclose(attn_u, loc.attn(x, codes, C).transpose(0, 1), atol=1e-6)
