@@ -57,6 +57,7 @@ def drop_curve(
     score: Callable[[nn.Module], dict[str, float]],
     fractions: Sequence[float],
     order: str = "least",
+    *,
     draws: int = 1,
     seed: int = 0,
 ) -> list[dict]:

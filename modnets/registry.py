@@ -30,10 +30,10 @@ FORMAT = "modnets-pretrained-1"
 
 
 def _experiment(name: str, profile: str):
-    from modnets.experiments.core.harness import import_experiment
+    from modnets.experiments import get
     from modnets.profiles import select
 
-    return select(import_experiment(name).CONFIGS, profile)
+    return select(get(name).configs, profile)
 
 
 def _replace(config, overrides: dict):

@@ -472,8 +472,8 @@ per_seed.round(4)
 #
 # The question the experiment asks is about the *ordering*: does adapting the routing alone recover
 # most of what adapting all parameters achieves? The claims at the end of the chapter answer it,
-# over seeds, by rules declared in `modnets.experiments.core.rules` and pinned by the rule-change log
-# (chapter 13). They presuppose the paper's regime: pretraining that fits the functions.
+# over seeds, by rules declared in `modnets.experiments.fuzzy_boolean.rules` and pinned by the
+# rule-change log (chapter 13). They presuppose the paper's regime: pretraining that fits the functions.
 #
 # **A design decision, disclosed.** With 4 functions and $\tau = 1.2$, an earlier configuration sent
 # most variable tokens through a single function, so the model has 6 functions; $\tau$, the type

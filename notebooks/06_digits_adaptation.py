@@ -632,7 +632,7 @@ display(Markdown(budget.table(budget.estimate(digits.NAME), markdown=True)))
 #
 # The claims of NI §4.2 (kind *paper*, each quoting the paper) and our own checks (kind *ours*),
 # over pretraining seeds, each seed's value the mean over its adaptation seeds, drop trials or
-# datasets (`modnets.experiments.digits.claims`, rules in `modnets.experiments.core.rules`). The
+# datasets (`modnets.experiments.digits.claims`, rules in `modnets.experiments.digits.rules`). The
 # figures give no numbers, so each paper row states the smallest effect its words imply
 # ("significantly outperform": 3 points), declared before any run; the validation match is a
 # signed equivalence test within ±1 point (the paper: 0.2 % in favour of the ViT). Each claim

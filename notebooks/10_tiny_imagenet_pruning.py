@@ -45,7 +45,7 @@ if "google.colab" in sys.modules:
 # Which modules to drop -- least connected first -- is how the paper *chooses*, not a result it
 # reports; whether that order beats a random one or most connected first is our own question
 # (kind *ours*). Every model is trained from each seed of the profile's `seeds`, and each claim
-# is decided by a rule declared before any number was seen (`modnets.experiments.core.rules`): the
+# is decided by a rule declared before any number was seen (`modnets.experiments.tiny_imagenet.rules`): the
 # 95 % t-interval over seeds of the tested quantity (paired by seed where two models are
 # compared), with the smallest effect the seeds can detect beside it. The claims presuppose a
 # regime: both models well above chance and a sparse learned circuit. The

@@ -32,8 +32,8 @@ if "google.colab" in sys.modules:
 # before any run). Rows of kind *ours* are questions this book asks; they are shown apart and
 # never counted as reproductions. Nothing is typed in: every row is read from the JSON files the
 # experiment chapters write (`_build/results/<experiment>_<profile>.json`), and every verdict is
-# computed by `modnets.experiments.core.claims` from a rule declared in
-# `modnets.experiments.core.rules`:
+# computed by `modnets.experiments.core.claims` from a rule declared in the experiment's own
+# package (`modnets.experiments.<name>.rules`):
 #
 # * **verdict**: `reproduced` when the 95 % t-interval over seeds lies wholly on the claim's side of
 #   its threshold (an equivalence: two one-sided tests within the margin), `not reproduced` when
@@ -57,7 +57,7 @@ print("profile:", PROFILE)
 
 
 def show_paper(paper: str) -> list:
-    names = report.PAPERS[paper]
+    names = report.papers()[paper]
     claims, results, missing = report.load_claims(names, PROFILE)
     for m in missing:
         print("missing:", m)
@@ -90,7 +90,7 @@ def forest(claims: list) -> None:
 # %% tags=["hide-input"]
 everything = {
     paper: report.load_claims(names, PROFILE)[0]
-    for paper, names in report.PAPERS.items()
+    for paper, names in report.papers().items()
 }
 report.summary_plot(everything)
 plt.show()
@@ -150,10 +150,11 @@ forest(nfm)
 # ## Side by side (ours)
 #
 # Chapter 11b's claims are our own: each architecture's promise tested against its plain
-# counterpart on one shared task. They are never counted as reproductions.
+# counterpart on one shared task. They are never counted as reproductions. (Every experiment
+# that tests no paper's claims is read here, `report.own_experiments()`.)
 
 # %%
-side, side_results, side_missing = report.load_claims(("side_by_side",), PROFILE)
+side, side_results, side_missing = report.load_claims(report.own_experiments(), PROFILE)
 for m in side_missing:
     print("missing:", m)
 report.claims_table(side, "ours")

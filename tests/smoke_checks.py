@@ -8,8 +8,8 @@ import pytest
 from modnets.data import data_root
 from modnets.experiments import fuzzy_boolean as fb
 from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.core.discovery import rules_of
 from modnets.experiments.core.harness import SCHEMA
-from modnets.experiments.core.rules import EXPERIMENT_RULES
 
 #: What each experiment's smoke run reads below the data root (fuzzy Booleans: nothing).
 DATA = {
@@ -44,7 +44,7 @@ def _fuzzy_boolean(results: dict) -> None:
         assert models[key]["mean_r2"]["n"] == 2
     n = {k: models[k]["per_seed"][0]["trainable_parameters"] for k in fb.REGIMES}
     assert n["cls"] < n["type"] < n["all"]
-    assert [c["id"] for c in results["claims"]] == list(EXPERIMENT_RULES["fuzzy_boolean"])
+    assert [c["id"] for c in results["claims"]] == list(rules_of("fuzzy_boolean"))
     routing = results["diagnostics"]["routing_after_pretraining"]
     assert len(routing) == 2 and len(routing[0]["functions_per_token"]) == 2  # seeds, iterations
     shift = results["diagnostics"]["routing_shift"]

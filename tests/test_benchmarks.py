@@ -374,13 +374,13 @@ def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_
 
 
 def test_gemm_time_counts_the_matrix_products_and_nothing_else():
-    from modnets.benchmarks import steps
+    from modnets.benchmarks import gemm
 
     a = torch.randn(64, 64)
     conv = torch.nn.Conv2d(1, 2, 3)
-    _, per_op = steps.gemm_time(lambda: (a @ a, torch.addmm(a, a, a)), steps=2)
+    _, per_op = gemm.gemm_time(lambda: (a @ a, torch.addmm(a, a, a)), steps=2)
     assert set(per_op) == {"mm", "addmm"} and all(t > 0 for t in per_op.values())
-    total, per_op = steps.gemm_time(lambda: a.sin().exp().sum(), steps=2)
+    total, per_op = gemm.gemm_time(lambda: a.sin().exp().sum(), steps=2)
     assert total == 0.0 and per_op == {}
-    _, per_op = steps.gemm_time(lambda: conv(torch.randn(1, 1, 8, 8)).sum().backward(), steps=2)
+    _, per_op = gemm.gemm_time(lambda: conv(torch.randn(1, 1, 8, 8)).sum().backward(), steps=2)
     assert set(per_op) == {"convolution", "convolution_backward"}

@@ -5,12 +5,12 @@ import dataclasses
 import re
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
+from modnets.experiments import get, list_experiments
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import budget, harness
 
@@ -61,10 +61,8 @@ def test_a_step_cost_that_does_not_grow_with_the_batch_is_not_scaled():
         return harness.DryRun("m", model, lambda m: loss_on(m, samples), samples, 64, 1, **kw)
 
     exact_act, exact_flops = budget._measure(part(64))  # the whole batch, measured
-    (fitted,) = budget._estimates(
-        "x", SimpleNamespace(dry_run=lambda c: [part(4, loss_on=loss_on)]), None
-    )
-    (scaled,) = budget._estimates("x", SimpleNamespace(dry_run=lambda c: [part(4)]), None)
+    (fitted,) = budget._estimates("x", lambda c: [part(4, loss_on=loss_on)], None)
+    (scaled,) = budget._estimates("x", lambda c: [part(4)], None)
     assert fitted.peak_bytes() - fitted.static_bytes == pytest.approx(exact_act, rel=1e-6)
     assert fitted.flops_per_step == pytest.approx(exact_flops, rel=1e-6)
     assert fitted.fixed_activation_bytes > 0 and fitted.activation_bytes > 0
@@ -102,9 +100,9 @@ def test_setup_md_shows_every_gpu_model_with_its_parameters():
         (m[0], m[1]): m[2]
         for m in re.findall(r"^\| (\w+) \| ([^|]+?) \| ([\d,]+) \|", text, flags=re.M)
     }
-    for name in budget.EXPERIMENTS:
-        module = harness.import_experiment(name)
-        for part in module.dry_run(module.CONFIGS["gpu"]):
+    for name in list_experiments():
+        experiment = get(name)
+        for part in experiment.dry_run(experiment.configs["gpu"]):
             count = sum(p.numel() for p in part.model.parameters())
             assert rows.get((name, part.name)) == f"{count:,}", (name, part.name)
             assert part.batch_size > 0 and part.steps > 0

@@ -1,6 +1,8 @@
 """The experiments' command line: where it writes is checked before it trains, and Ctrl-C
 always stops with a message saying what was saved."""
 
+import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -16,12 +18,18 @@ from smoke_checks import DATA, check_smoke_results, missing_data
 from torch import nn
 
 from modnets import parallel
+from modnets.experiments import get
 from modnets.experiments.core.cli import experiment_main
 from modnets.training import TrainConfig, fit
 
 
-def _never(**kwargs):
+def _never(config, context):
     raise AssertionError("the run started")
+
+
+def _measuring(measure):
+    """The fuzzy-Boolean experiment, measuring with ``measure``."""
+    return dataclasses.replace(get("fuzzy_boolean"), measure=measure)
 
 
 @pytest.mark.parametrize("where", ["out", "checkpoints"])
@@ -33,7 +41,7 @@ def test_an_unwritable_output_or_checkpoint_folder_stops_the_cli_before_it_train
     argv = ["--out", str(blocker / "results.json")] if where == "out" else []
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(blocker / "ckpt" if where != "out" else tmp_path))
     with pytest.raises(SystemExit) as stop:
-        experiment_main(_never, str, "doc", argv)
+        experiment_main(_measuring(_never), argv)
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert ("--out" if where == "out" else "MODNETS_CHECKPOINTS") in err and str(blocker) in err
@@ -42,11 +50,11 @@ def test_an_unwritable_output_or_checkpoint_folder_stops_the_cli_before_it_train
 def test_ctrl_c_outside_a_training_step_names_what_happened(tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
 
-    def interrupted(**kwargs):
+    def interrupted(config, context):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as stop:
-        experiment_main(interrupted, str, "doc", [])
+        experiment_main(_measuring(interrupted), ["--profile", "smoke"])
     assert "interrupted outside a training step" in str(stop.value.code)
 
 
@@ -148,7 +156,8 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
     missing = missing_data(name)
     if missing:
         pytest.skip(f"the {name} data is not here: {missing}")
-    main = importlib.import_module(f"modnets.experiments.{name}").main
+    experiment = importlib.import_module(f"modnets.experiments.{name}").EXPERIMENT
+    main = functools.partial(experiment_main, experiment)
     args = ["--profile", "smoke", "--quiet", "--out"]
     monkeypatch.setenv("MODNETS_COMPILE", "0")
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "a"))

@@ -13,8 +13,9 @@ from smoke_checks import check_smoke_results, on_fake_data
 from test_digits_data import fake_mnist
 
 from modnets.experiments import digits
-from modnets.experiments.core.harness import SCHEMA
-from modnets.experiments.core.rules import EXPERIMENT_RULES
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.discovery import rules_of
+from modnets.experiments.core.harness import SCHEMA, Stage
 
 RNG = np.random.default_rng(1)
 
@@ -107,9 +108,8 @@ def test_pretraining_snapshots_hold_the_weights_of_their_epoch(fake_root):
     data = digits.load_pretraining_data(t, fake_root, verify=False)
     model = digits.build_ni(t)
     snaps: list = []
-    history = digits.pretrain(
-        model, data, t, "ni", show_progress=False, snapshots=snaps, max_snapshots=2
-    )
+    stage = Stage(show_progress=False)
+    history = digits.pretrain(model, data, t, "ni", stage, snapshots=snaps, max_snapshots=2)
     # 5 epochs, at most 2 snapshots: every 3rd epoch and the last
     assert [s["epoch"] for s in snaps] == [3, 5]
     assert [s["val_mean"] for s in snaps] == [history["val_mean"][2], history["val_mean"][4]]
@@ -238,7 +238,7 @@ def test_experiment_runs_end_to_end_and_caches_pretraining(fake_root, tmp_path, 
     routing = results["diagnostics"]["routing_after_pretraining"]
     assert [r["seed"] for r in routing] == [0, 1] and len(routing[0]["entropy"]) == 2
     assert len(routing[0]["share"][0]) == 3  # iterations x functions
-    assert [c["id"] for c in results["claims"]] == list(EXPERIMENT_RULES["digits"])
+    assert [c["id"] for c in results["claims"]] == list(rules_of("digits"))
     files = list((tmp_path / "ckpt").glob("digits-*.pt"))
     assert len(files) == 6 and not any(f.name.endswith(".train.pt") for f in files)
     # another analysis of the same pretraining loads the models: nothing is retrained
@@ -442,7 +442,7 @@ def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatc
     run = functools.partial(digits.run, root=fake_root, verify=False)
     monkeypatch.setattr(importlib.import_module("modnets.experiments.digits.run"), "run", run)
     out = tmp_path / "results.json"
-    digits.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    experiment_main(digits.EXPERIMENT, ["--profile", "smoke", "--quiet", "--out", str(out)])
     check_smoke_results("digits", json.loads(out.read_text()), tmp_path)
 
 
@@ -474,7 +474,9 @@ def test_a_resumed_pretraining_keeps_the_snapshots_taken_before_the_interruption
     def pretrain(state_path=None, resume=False):
         torch.manual_seed(0)
         snaps = []
-        models.pretrain(models.build_ni(t), data, t, "ni", 0, "p", False, state_path, resume, snaps)
+        model = models.build_ni(t)
+        stage = Stage("p", show_progress=False, state_path=state_path, resume=resume)
+        models.pretrain(model, data, t, "ni", stage, snapshots=snaps)
         return [(s["epoch"], s["val_mean"]) for s in snaps]
 
     whole = pretrain()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.core.harness import Stage
 
 HERE = Path(__file__).parent
 # augmentation off: each rank would draw its own crops; so would every per-example draw (DropPath,
@@ -33,7 +34,7 @@ def train_once(config, seed: int = 0) -> dict:
     data = ti.load_data(config)
     seed_everything(seed)
     model = ti.build_model("nac", config).double()  # float64: summation order stays invisible
-    ti.train(model, data, config, config.nac_train, seed, show_progress=False)  # via fit
+    ti.train(model, data, config, config.nac_train, Stage(seed=seed, show_progress=False))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -64,6 +64,31 @@ def test_per_kernel_bandwidths_give_each_propagator_and_the_read_out_its_own():
     torch.testing.assert_close(graph_penalty(per_kernel), per_kernel.graph_loss() / (U * (U - 1)))
 
 
+def test_graph_loss_owns_its_scaling_so_every_experiment_adds_the_same_penalty():
+    """``graph_loss(reduction="mean")`` is NAC eq. 6 over the ``U (U - 1)`` ordered pairs, the
+    public loss as it is (already a mean); Tiny-ImageNet's and the side-by-side task's losses add
+    exactly that, so a ``prior_loss="public"`` circuit is scaled alike in both."""
+    from modnets.experiments import side_by_side as sbs
+
+    y = torch.rand(2, 10).round()
+    for prior_loss in ("eq6", "public"):
+        model = circuit(prior_loss=prior_loss)
+        U = model.config.num_processors
+        pairs = 1 if prior_loss == "public" else U * (U - 1)
+        mean = model.graph_loss(reduction="mean")
+        torch.testing.assert_close(mean, model.graph_loss() / pairs, rtol=0, atol=0)
+        torch.testing.assert_close(graph_penalty(model), mean, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        model.graph_loss(reduction="none")
+    train = sbs.CONFIGS["smoke"].train
+    side = sbs.build_model("nac", train, seed=0)
+    public = dataclasses.replace(side.config, prior_loss="public")
+    side = NeuralAttentiveCircuit(public, side.tokenizer).eval()  # side by side, public loss
+    canvases = torch.rand(2, 1, train.canvas, train.canvas)
+    bce = F.binary_cross_entropy_with_logits(sbs.logits(side, canvases), y)
+    torch.testing.assert_close(sbs.loss(side, canvases, y), bce + side.graph_loss())
+
+
 def test_an_untruncated_read_out_links_every_pair():
     for truncated in (True, False):
         model = circuit(read_out_truncation=truncated).eval()

@@ -307,9 +307,9 @@ def test_the_sweep_resumes_its_models_and_refuses_a_junk_state(tmp_path, monkeyp
     config = fb.CONFIGS["smoke"]
     calls, real = [], fb.train
 
-    def spy(model, data, tc, seed, desc, show_progress, state_path, resume):
-        calls.append((state_path, resume))
-        return real(model, data, tc, seed, desc, show_progress, state_path, resume)
+    def spy(model, data, tc, stage):
+        calls.append((stage.state_path, stage.resume))
+        return real(model, data, tc, stage)
 
     monkeypatch.setattr(fb.models, "train", spy)
     fb.sweep(config, show_progress=False, resume=True)

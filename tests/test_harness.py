@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +16,15 @@ from torch import nn
 
 from modnets import probes
 from modnets.experiments import fuzzy_boolean as fb
+from modnets.experiments import get, list_experiments
 from modnets.experiments.core import claims as cl
 from modnets.experiments.core import fingerprints, harness, report
+from modnets.experiments.core.options import RunOptions
 from modnets.models.ni import NeuralInterpreter, NIConfig
 from modnets.training import CheckpointError, TrainConfig, fit
 
-EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist", "side_by_side")
+#: The experiments the library ships (each test below runs over every one discovery finds).
+EXPERIMENTS = list_experiments()
 
 
 # ----------------------------------------------------------------------------- fit
@@ -234,10 +238,10 @@ def test_load_or_train_trains_once_then_loads_and_retrains_on_new_code_or_data(
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path))
     calls = []
 
-    def train(model, state_path, resume):
-        calls.append(state_path)
-        if state_path is not None:
-            state_path.write_bytes(b"training state")  # as fit would
+    def train(model, stage):
+        calls.append(stage.state_path)
+        if stage.state_path is not None:
+            stage.state_path.write_bytes(b"training state")  # as fit would
         with torch.no_grad():
             model.weight.add_(1.0)
         return {"trained": True}
@@ -257,7 +261,7 @@ def test_load_or_train_trains_once_then_loads_and_retrains_on_new_code_or_data(
     harness.load_or_train("toy", {"lr": 1}, 0, build, train, code=(build, other_step), data="d")
     harness.load_or_train("toy", {"lr": 1}, 0, build, train, code=(build,), data="d2")
     assert len(calls) == 3
-    harness.load_or_train("toy", {"lr": 1}, 0, build, train, cache=False, **kw)
+    harness.load_or_train("toy", {"lr": 1}, 0, build, train, options=RunOptions(cache=False), **kw)
     assert len(calls) == 4 and calls[-1] is None  # no cache: no checkpoint read or written
 
 
@@ -268,11 +272,11 @@ def test_load_or_train_keeps_an_extra_and_retrains_a_checkpoint_without_one(tmp_
     def build():
         return nn.Linear(2, 2)
 
-    def plain(model, state_path, resume):
+    def plain(model, stage):
         calls.append("plain")
         return {"trained": True}
 
-    def with_extra(model, state_path, resume):
+    def with_extra(model, stage):
         calls.append("extra")
         return {"trained": True}, [{"epoch": 1, "state": {"w": torch.ones(2)}}]
 
@@ -434,18 +438,32 @@ def test_probes_record_only_inside_a_trace():
 ONE_CPU_SEED = {"stacked_mnist"}
 
 
+def test_the_five_experiments_are_found_in_the_books_order():
+    assert EXPERIMENTS == [
+        "fuzzy_boolean",
+        "digits",
+        "tiny_imagenet",
+        "stacked_mnist",
+        "side_by_side",
+    ]
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_has_the_harness_parts(name):
+def test_every_experiment_declares_the_protocol(name):
+    experiment = get(name)
     mod = importlib.import_module(f"modnets.experiments.{name}")
-    assert set(mod.CONFIGS) == {"smoke", "cpu", "gpu"}
-    assert len(mod.CONFIGS["smoke"].seeds) == 2
-    assert len(mod.CONFIGS["cpu"].seeds) >= (1 if name in ONE_CPU_SEED else 3)
-    assert not set(mod.CONFIGS["cpu"].seeds) & set(mod.CONFIGS["cpu"].selection_seeds)
+    assert mod.EXPERIMENT is experiment and experiment.name == name
+    configs = experiment.configs
+    assert set(configs) == {"smoke", "cpu", "gpu"}
+    assert len(configs["smoke"].seeds) == 2
+    assert len(configs["cpu"].seeds) >= (1 if name in ONE_CPU_SEED else 3)
+    assert not set(configs["cpu"].seeds) & set(configs["cpu"].selection_seeds)
     assert all(isinstance(v, dict) and {"value", "source"} <= set(v) for v in mod.PAPER.values())
-    for attr in ("run", "claims", "dry_run", "TRAIN_CODE", "NAME", "main"):
-        assert hasattr(mod, attr), attr
-    assert mod.NAME == name
-    harness.code_fingerprint(*mod.TRAIN_CODE)  # every part is hashable
+    assert experiment.rules and all(r.experiment == name for r in experiment.rules.values())
+    assert all(callable(f) for f in (experiment.measure, experiment.regime, experiment.claims))
+    assert (Path(mod.__file__).parent / "rules.py").is_file()  # its rules live beside it
+    assert bool(experiment.paper) == any(r.kind == "paper" for r in experiment.rules.values())
+    harness.code_fingerprint(*experiment.code)  # every part is hashable
 
 
 #: What each experiment's gpu dry run must build, and what may get no gradient at initialisation.
@@ -476,7 +494,7 @@ def test_gpu_configuration_takes_a_finite_training_step(name):
     """The paper-scale models of every experiment, one step at batch 2 on CPU: a finite loss,
     and a gradient on every trainable parameter (zero only where the module says why)."""
     models, some_zero = DRY_RUNS[name]
-    report = harness.dry_run(name, "gpu")
+    report = harness.dry_run(get(name), "gpu")
     assert set(report) == models
     assert all(np.isfinite(r["loss"]) for r in report.values())
     assert any(r["zero_grad"] for r in report.values()) == some_zero

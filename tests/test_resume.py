@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from modnets.experiments import tiny_imagenet as ti
+from modnets.experiments.core.harness import Stage
 from modnets.training import CheckpointError, load_train_state, save_checkpoint
 from modnets.utils import seed_everything
 
@@ -43,7 +44,9 @@ def fresh_model():
 
 
 def train(model, data, **kwargs):
-    return ti.train(model, data, CONFIG, CONFIG.nac_train, SEED, show_progress=False, **kwargs)
+    return ti.train(
+        model, data, CONFIG, CONFIG.nac_train, Stage(seed=SEED, show_progress=False, **kwargs)
+    )
 
 
 def interrupt_at(model, step):

@@ -9,6 +9,7 @@ import pytest
 from statsmodels.stats.power import TTestPower
 
 from modnets.experiments.core import claims as cl
+from modnets.experiments.core import discovery
 from modnets.experiments.core import rules as rl
 
 TOY = {
@@ -43,14 +44,17 @@ TOY = {
 
 
 def test_every_rule_is_logged_with_its_fingerprint():
-    assert rl.unlogged() == {}, "a rule changed without a rule-change log entry (rule_log.json)"
+    assert rl.unlogged(discovery.all_rules()) == {}, (
+        "a rule changed without a rule-change log entry (rule_log.json)"
+    )
 
 
-def test_a_changed_rule_fails_until_logged(monkeypatch):
-    rule = rl.RULES["table1-gap-closed"]
+def test_a_changed_rule_fails_until_logged():
+    rules = discovery.all_rules()
+    rule = rules["table1-gap-closed"]
     changed = dataclasses.replace(rule, threshold=0.4)
-    monkeypatch.setitem(rl.RULES, rule.id, changed)
-    assert set(rl.unlogged()) == {rule.id}
+    rules[rule.id] = changed
+    assert set(rl.unlogged(rules)) == {rule.id}
     entry = {
         "date": "-",
         "rules": [rule.id],
@@ -59,7 +63,7 @@ def test_a_changed_rule_fails_until_logged(monkeypatch):
         "why": "-",
         "results_seen": "no",
     }
-    assert rl.unlogged([*rl.rule_log(), entry]) == {}
+    assert rl.unlogged(rules, [*rl.rule_log(), entry]) == {}
 
 
 def test_the_log_entries_say_what_when_why_and_whether_results_were_seen():
@@ -70,7 +74,7 @@ def test_the_log_entries_say_what_when_why_and_whether_results_were_seen():
 
 
 def test_every_paper_rule_says_how_its_effect_was_read_and_ours_never_claim_a_paper_effect():
-    for r in rl.RULES.values():
+    for r in discovery.all_rules().values():
         if r.kind == "paper":
             assert r.basis
         else:

@@ -9,6 +9,7 @@ import torch
 
 from modnets.data import data_root
 from modnets.experiments import side_by_side as sbs
+from modnets.experiments.core.options import RunOptions
 
 TRAIN = sbs.CONFIGS["cpu"].train
 
@@ -154,7 +155,7 @@ def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_small
     )
     accuracy = {"cnn": {1e-3: 0.5, 3e-3: 0.7, 1e-2: 0.6}}  # the rest: a tie at 0.4
 
-    def trained(kind, config, seed, lr, *args):
+    def trained(kind, config, seed, data, options, *, lr):
         assert seed in config.selection_seeds  # never a claim seed
         return (kind, lr), {}
 
@@ -164,6 +165,7 @@ def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_small
 
     monkeypatch.setattr(rates, "trained_model", trained)
     monkeypatch.setattr(rates, "mean_exact", score)
-    chosen = rates.choose_rates(config, {"val": None}, "cpu", False, True, False)
+    options = RunOptions(device="cpu", show_progress=False)
+    chosen = rates.choose_rates(config, {"val": None}, options)
     assert chosen["cnn"]["lr"] == 3e-3 and chosen["cnn"]["scores"][1e-2] == 0.6
     assert all(chosen[k]["lr"] == 1e-3 for k in sbs.MODELS if k != "cnn")

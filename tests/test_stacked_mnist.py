@@ -21,8 +21,11 @@ from modnets.data.stacked_mnist import (
 )
 from modnets.experiments import stacked_mnist as sm
 from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.discovery import rules_of
+from modnets.experiments.core.harness import Stage
 from modnets.experiments.core.results import load_results, save_results
-from modnets.experiments.core.rules import EXPERIMENT_RULES
+from modnets.training import group_batches
 
 # the module, not the function the package names after it
 sm_run = importlib.import_module("modnets.experiments.stacked_mnist.run")
@@ -160,7 +163,7 @@ def test_batches_hold_one_digit_count():
     images, labels = digit_images()
     data = {1: make_canvases(images, labels, 20, 1), 3: make_canvases(images, labels, 12, 3)}
     seen = {1: [], 3: []}
-    for c, idx in sm.canvas_batches(data, 4, torch.Generator().manual_seed(0)):
+    for c, idx in group_batches(data, 4, torch.Generator().manual_seed(0)):
         seen[c] += idx.tolist()
     assert sorted(seen[1]) == list(range(20)) and sorted(seen[3]) == list(range(12))
 
@@ -234,7 +237,7 @@ def test_run_trains_in_workers_checkpoints_reloads_and_saves(env):
     assert len(diag[0]["gamma"]) == 2 and len(diag[0]["gamma"][0]) == 4
     assert set(diag[0]["ood_dip"]["CNN"]) == {"2", "4"}
     assert first["diagnostics"]["ood_dip"]["NFM(CNN)"]["4"]["n"] == 2
-    assert [c["id"] for c in first["claims"]] == list(EXPERIMENT_RULES["stacked_mnist"])
+    assert [c["id"] for c in first["claims"]] == list(rules_of("stacked_mnist"))
     files = sorted(p.name for p in (env / "ckpt").glob("*.pt"))
     assert len(files) == 4 and not any(f.endswith(".train.pt") for f in files)  # 2 models x 2 seeds
     assert sum(f.startswith("stacked_mnist-nfm_") for f in files) == 2
@@ -257,7 +260,7 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     optim = dataclasses.replace(TINY.train.optim, epochs=3, log_points=3)
     data = sm.training_data(TINY.train, verify=False)
     straight = sm.build_model("cnn", TINY.train, seed=0)
-    h_straight = sm.train(straight, data, optim, seed=0, show_progress=False)
+    h_straight = sm.train(straight, data, optim, Stage(seed=0, show_progress=False))
 
     first = sm.build_model("cnn", TINY.train, seed=0)
     calls, forward = {"n": 0}, first.forward
@@ -272,12 +275,11 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     first.forward = interrupting
     state = tmp_path / "state.pt"
     with pytest.raises(KeyboardInterrupt, match="after step 6"):
-        sm.train(first, data, optim, seed=0, show_progress=False, state_path=state)
+        sm.train(first, data, optim, Stage(seed=0, show_progress=False, state_path=state))
     torch.manual_seed(123)  # a new process: unrelated RNG state
     second = sm.build_model("cnn", TINY.train, seed=7)  # other initial weights: all are restored
-    h_resumed = sm.train(
-        second, data, optim, seed=0, show_progress=False, state_path=state, resume=True
-    )
+    resumed = Stage(seed=0, show_progress=False, state_path=state, resume=True)
+    h_resumed = sm.train(second, data, optim, resumed)
     for k, v in straight.state_dict().items():
         assert torch.equal(v, second.state_dict()[k]), k
     assert h_straight["step"] == [4, 8, 12]
@@ -288,22 +290,24 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
 
 def test_a_checkpoint_that_does_not_fit_is_retrained(env):
     data = sm.training_data(TINY.train, verify=False)
-    first, _ = sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False, verify=False)
+    first, _ = sm.trained_model(
+        "cnn", TINY, 0, data, device="cpu", show_progress=False, verify=False
+    )
     path = next((env / "ckpt").glob("stacked_mnist-cnn_*.pt"))
     other = sm.build_model("cnn", dataclasses.replace(TINY.train, width=3)).state_dict()
     torch.save({"format": "modnets-model-v2", "model": other, "history": {}}, path)
     with pytest.warns(UserWarning, match="retraining"):
         again, history = sm.trained_model(
-            "cnn", TINY, 0, data, "cpu", show_progress=False, verify=False
+            "cnn", TINY, 0, data, device="cpu", show_progress=False, verify=False
         )
     assert history["epoch"] == [1, 2]  # trained again, to the same weights
     for x, y in zip(first.state_dict().values(), again.state_dict().values(), strict=True):
         torch.testing.assert_close(x, y)
     path.write_bytes(b"not a checkpoint")  # a truncated file is retrained too
     with pytest.warns(UserWarning, match="retraining"):
-        sm.trained_model("cnn", TINY, 0, data, "cpu", show_progress=False, verify=False)
+        sm.trained_model("cnn", TINY, 0, data, device="cpu", show_progress=False, verify=False)
     # a changed seed or training configuration is another checkpoint: no warning, a new file
-    sm.trained_model("cnn", TINY, 1, data, "cpu", show_progress=False, verify=False)
+    sm.trained_model("cnn", TINY, 1, data, device="cpu", show_progress=False, verify=False)
     assert len(list((env / "ckpt").glob("stacked_mnist-cnn_*.pt"))) == 2
 
 
@@ -390,13 +394,15 @@ def test_command_line_writes_the_schema_at_smoke(env, monkeypatch):
         digits_data, "_MNIST", dict.fromkeys(digits_data._MNIST, ())
     )  # no md5 for fakes
     out = env / "results.json"
-    sm.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    experiment_main(sm.EXPERIMENT, ["--profile", "smoke", "--quiet", "--out", str(out)])
     check_smoke_results("stacked_mnist", json.loads(out.read_text()), env)
 
 
 def test_training_history_tracks_each_reads_gamma(env):
     data = sm.training_data(TINY.train, verify=False)
-    nfm, history = sm.trained_model("nfm", TINY, 0, data, "cpu", show_progress=False, verify=False)
+    nfm, history = sm.trained_model(
+        "nfm", TINY, 0, data, device="cpu", show_progress=False, verify=False
+    )
     net = nfm.nfm
     gammas = history["val_gamma"]
     assert len(gammas) == len(history["epoch"])  # one list per epoch
@@ -405,7 +411,7 @@ def test_training_history_tracks_each_reads_gamma(env):
     assert best == net.gammas() and any(abs(v) > 0 for v in best)  # and its gates moved
     assert net.gammas()[1] == net.attn(0, 1).gamma.item()  # pass-major order
     _, cnn_history = sm.trained_model(
-        "cnn", TINY, 0, data, "cpu", show_progress=False, verify=False
+        "cnn", TINY, 0, data, device="cpu", show_progress=False, verify=False
     )
     assert "val_gamma" not in cnn_history
 
@@ -440,9 +446,11 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
     optim = dataclasses.replace(TINY_FT.train.optim, channels_last=True)
     config = dataclasses.replace(TINY_FT, train=dataclasses.replace(TINY_FT.train, optim=optim))
     data = sm.training_data(config.train, verify=False)
-    nfm, hist = sm.trained_model("nfm", config, 0, data, "cpu", show_progress=False, verify=False)
+    nfm, hist = sm.trained_model(
+        "nfm", config, 0, data, device="cpu", show_progress=False, verify=False
+    )
     cnn, cnn_hist = sm.trained_model(
-        "cnn", config, 0, data, "cpu", show_progress=False, verify=False
+        "cnn", config, 0, data, device="cpu", show_progress=False, verify=False
     )
     # pretraining (2 epochs) once, then the two finetunings (1 epoch each) from its end
     assert [(e, n) for e, n, _ in starts] == [

@@ -14,8 +14,9 @@ from test_tiny_imagenet_data import make_tree
 from modnets.data.tiny_imagenet import normalize
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.discovery import rules_of
 from modnets.experiments.core.harness import SCHEMA
-from modnets.experiments.core.rules import EXPERIMENT_RULES
 from modnets.models.nac import NeuralAttentiveCircuit
 from modnets.pruning import pruned
 
@@ -67,7 +68,7 @@ def test_run_trains_checkpoints_and_reloads(env):
     assert (
         len(diag[0]["links_trained"]["q"]) == 8 and len(diag[0]["links_init"]["q"]) == 8
     )  # mediators
-    assert [c["id"] for c in first["claims"]] == list(EXPERIMENT_RULES["tiny_imagenet"])
+    assert [c["id"] for c in first["claims"]] == list(rules_of("tiny_imagenet"))
     assert {"mean_offdiagonal_P", "q_cv", "prior_density", "q_prior_spearman", "bandwidth"} <= set(
         diag[0]["links_trained"]
     )
@@ -121,10 +122,10 @@ def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypat
 
     monkeypatch.setattr(ti.models, "train", counting)
     data = ti.load_data(TRAIN)
-    model, history = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+    model, history = ti.trained_model("nac", TINY, 0, data, device="cpu", show_progress=False)
     assert len(calls) == 1
     (path,) = (env / "ckpt").glob("tiny_imagenet-nac-scale_free_*.pt")
-    ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)  # loads: no training
+    ti.trained_model("nac", TINY, 0, data, device="cpu", show_progress=False)  # loads: no training
     assert len(calls) == 1
     # a checkpoint of another model (other shapes)
     torch.save(
@@ -136,15 +137,15 @@ def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypat
         path,
     )
     with pytest.warns(UserWarning, match="retraining"):
-        again, h = ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+        again, h = ti.trained_model("nac", TINY, 0, data, device="cpu", show_progress=False)
     assert len(calls) == 2 and h["step"] == history["step"]
     for k, v in model.state_dict().items():  # same seed, same training: the same weights
         torch.testing.assert_close(again.state_dict()[k], v)
     path.write_bytes(b"not a checkpoint")  # garbage
     with pytest.warns(UserWarning, match="retraining"):
-        ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)
+        ti.trained_model("nac", TINY, 0, data, device="cpu", show_progress=False)
     assert len(calls) == 3
-    ti.trained_model("nac", TINY, 0, data, "cpu", show_progress=False)  # rewritten: loads
+    ti.trained_model("nac", TINY, 0, data, device="cpu", show_progress=False)  # rewritten: loads
     assert len(calls) == 3
 
 
@@ -235,7 +236,7 @@ def test_claims_on_made_up_results_give_every_verdict():
 def test_cli_at_smoke_writes_the_schema(env, monkeypatch):
     monkeypatch.setitem(ti.CONFIGS, "smoke", TINY)  # the fake tree has 3 classes
     out = env / "results.json"
-    ti.main(["--profile", "smoke", "--quiet", "--out", str(out)])
+    experiment_main(ti.EXPERIMENT, ["--profile", "smoke", "--quiet", "--out", str(out)])
     check_smoke_results("tiny_imagenet", json.loads(out.read_text()), env)
 
 

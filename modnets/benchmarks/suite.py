@@ -16,6 +16,7 @@ from modnets.benchmarks.circuits import (
     bench_token_scaling,
 )
 from modnets.benchmarks.core import CONFIGS, PRECISIONS, format_result
+from modnets.benchmarks.gemm import bench_gemm_bound
 from modnets.benchmarks.layers import bench_modulated, bench_ni_vectorised, bench_read_in_memory
 from modnets.benchmarks.ni import (
     bench_modattn_tokens,
@@ -24,7 +25,6 @@ from modnets.benchmarks.ni import (
     bench_ni_vs_transformer,
 )
 from modnets.benchmarks.steps import (
-    bench_gemm_bound,
     bench_seed_workers,
     bench_thread_policy,
     bench_train_steps,

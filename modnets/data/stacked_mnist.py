@@ -140,6 +140,7 @@ def make_canvases(
     labels: np.ndarray,
     num_canvases: int,
     num_digits: int,
+    *,
     seed: int = 0,
     canvas_size: int = CANVAS_SIZE,
     digit_size: int = DIGIT_SIZE,
@@ -206,4 +207,4 @@ def load_stacked_mnist(
     images, labels = load_mnist(split, root=root, verify=verify)
     if indices is not None:
         images, labels = images[indices], labels[indices]
-    return make_canvases(images, labels, num_canvases, num_digits, seed)
+    return make_canvases(images, labels, num_canvases, num_digits, seed=seed)

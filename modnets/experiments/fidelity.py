@@ -28,6 +28,7 @@ from scipy import stats
 from modnets import diagnostics, parallel
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
+from modnets.experiments.core.options import RunOptions
 from modnets.models.nac import KERNEL_REGIMES
 from modnets.profiles import PROFILES, get_profile, select
 from modnets.utils import atomic_file, default_device
@@ -93,16 +94,17 @@ def compare(
     device = default_device()
     data = ti.load_data(base.train)
     workers = harness.workers_for(workers, profile, device)
+    options = RunOptions(device=device, show_progress=show_progress, workers=workers)
     out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "variants": {}}
     with parallel.keep_workers():  # started once for all the variants
         for variant in VARIANTS:
             config = variant_config(base, variant)
-            train = functools.partial(ti.train_task, config, device, False, None)
+            train = functools.partial(ti.train_task, config, options)
             tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
-            harness.train_ahead(train, tasks, workers, True, f"NACs ({variant})", show_progress)
+            harness.train_ahead(train, tasks, options, f"NACs ({variant})")
             rows = []
             for seed in config.seeds:
-                model, _ = ti.trained_model("nac", config, seed, data, device, PRIOR, show_progress)
+                model, _ = ti.trained_model("nac", config, seed, data, options, prior=PRIOR)
                 rows.append(_seed_row(model, data, config, seed))
             out["variants"][variant] = {"nac": config.train.nac, "per_seed": rows}
     default = out["variants"][DEFAULT]["per_seed"]

@@ -26,11 +26,10 @@ def hungarian_permutation(P: Tensor, prior: Tensor, refine_steps: int = 0) -> Te
     general recover a permutation of the prior; each ``refine_steps`` iteration re-solves with the
     columns of ``P0`` relabelled by the current ``sigma``: ``C_vw = sum_i (P_vi - P0_{w, sigma(i)})^2``.
     It is a heuristic (graph matching is hard): a randomly relabelled planted partition is recovered
-    exactly; for a relabelled 24-node ring of cliques the cliques are recovered but the ring order
-    is not (a residual loss of 0.45-0.72 remains, depending on the relabelling; chapter 8). It
-    starts from the identity, so its result depends on how the modules are numbered (NAC eq. 6 of
-    the same ``P`` changes by up to 17 % when the modules are renumbered; chapter 8). :class:`GraphPriorRegularizer` uses it
-    with ``matching="eq9"``; by default it uses :func:`match_permutation`.
+    exactly; for a relabelled ring of cliques the cliques are recovered but the ring order is not.
+    It starts from the identity, so its result depends on how the modules are numbered (chapter 8
+    shows both). :class:`GraphPriorRegularizer` uses it with ``matching="eq9"``; by default it
+    uses :func:`match_permutation`.
     """
     Pn = P.detach().double().cpu()
     P0 = prior.detach().double().cpu()

@@ -201,6 +201,7 @@ class Interpreter(nn.Module):
         self,
         dim: int,
         code_dim: int,
+        *,
         num_locs: int = 1,
         num_heads: int = 4,
         mlp_hidden: int | None = None,
@@ -213,9 +214,9 @@ class Interpreter(nn.Module):
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
         self.residual = residual
+        loc = dict(num_heads=num_heads, mlp_hidden=mlp_hidden, mlp_layers=mlp_layers, eps=eps)
         self.locs = nn.ModuleList(
-            LOC(dim, code_dim, num_heads, mlp_hidden, mlp_layers, eps, relative_grid)
-            for _ in range(num_locs)
+            LOC(dim, code_dim, **loc, relative_grid=relative_grid) for _ in range(num_locs)
         )
 
     def forward(self, x: Tensor, codes: Tensor, compat: Tensor) -> Tensor:
@@ -248,17 +249,19 @@ class FunctionIteration(nn.Module):
         super().__init__()
         c = config
         self.type_inference = TypeInference(c.dim, c.type_dim, c.type_hidden)
-        self.type_matching = TypeMatching(c.truncation, c.sigma, c.eps, c.straight_through)
+        self.type_matching = TypeMatching(
+            truncation=c.truncation, sigma=c.sigma, eps=c.eps, straight_through=c.straight_through
+        )
         self.interpreter = Interpreter(
             c.dim,
             c.code_dim,
-            c.num_locs,
-            c.num_heads,
-            c.mlp_hidden,
-            c.mlp_layers,
-            c.eps,
-            c.residual,
-            c.image_size // c.patch_size if c.positional == "relative" else None,
+            num_locs=c.num_locs,
+            num_heads=c.num_heads,
+            mlp_hidden=c.mlp_hidden,
+            mlp_layers=c.mlp_layers,
+            eps=c.eps,
+            residual=c.residual,
+            relative_grid=c.image_size // c.patch_size if c.positional == "relative" else None,
         )
 
     def forward(

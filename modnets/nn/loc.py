@@ -36,6 +36,7 @@ class LOC(nn.Module):
         self,
         dim: int,
         code_dim: int,
+        *,
         num_heads: int = 4,
         mlp_hidden: int | None = None,
         mlp_layers: int = 2,

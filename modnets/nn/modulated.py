@@ -335,6 +335,7 @@ class ModFFN(nn.Module):
         in_features: int,
         out_features: int,
         code_features: int,
+        *,
         hidden_features: int | None = None,
         activation: str = "gelu",
         alpha: float = 0.1,

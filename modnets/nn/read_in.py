@@ -54,6 +54,7 @@ class ReadIn(nn.Module):
         dim: int,
         input_dim: int,
         code_dim: int,
+        *,
         num_heads: int = 1,
         ffn_hidden: int | None = None,
         activation: str = "gelu",

@@ -111,6 +111,7 @@ class SKMDPA(nn.Module):
 
     def __init__(
         self,
+        *,
         num_heads: int = 1,
         bandwidth: float | Tensor = 1.0,
         temperature: float = 0.5,

@@ -64,6 +64,7 @@ class TypeMatching(nn.Module):
 
     def __init__(
         self,
+        *,
         truncation: float = 1.0,
         sigma: float = 1.0,
         eps: float = 1e-6,

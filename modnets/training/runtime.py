@@ -22,6 +22,15 @@ def minibatches(
         yield perm[start : start + batch_size]
 
 
+def group_batches(groups: dict, batch_size: int, generator: torch.Generator) -> list:
+    """One epoch's minibatches ``(key, indices)``, each within one group: every group (a sized
+    data set, e.g. the canvases of one digit count) shuffled by ``generator`` and cut into
+    batches, group after group. The order the batches are taken in is drawn by the loop."""
+    return [
+        (k, idx) for k, ds in groups.items() for idx in minibatches(len(ds), batch_size, generator)
+    ]
+
+
 def amp_dtype(device: torch.device | str) -> torch.dtype | None:
     """The autocast dtype of mixed precision on ``device``: bfloat16 on a CUDA GPU with native
     bf16 (Ampere and later: A100, H100, L4), float16 on one without (Colab's default T4, V100),

@@ -34,6 +34,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from modnets.experiments.core import fingerprints, harness
+from modnets.experiments.core.discovery import get, list_experiments
 from modnets.timing import saved_bytes
 
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
     "table",
     "main",
 ]
-
-EXPERIMENTS = ("fuzzy_boolean", "digits", "tiny_imagenet", "stacked_mnist", "side_by_side")
 
 
 @dataclass(frozen=True)
@@ -142,19 +141,19 @@ _ESTIMATES: dict[str, tuple[Estimate, ...]] = {}
 def estimate(experiment: str, profile: str = "gpu", config=None) -> list[Estimate]:
     """:class:`Estimate` of every model of ``experiment``'s ``profile`` configuration (or of
     ``config``, a configuration of that experiment)."""
-    module = harness.import_experiment(experiment)
-    config = module.CONFIGS[profile] if config is None else config
+    declared = get(experiment)
+    config = declared.configs[profile] if config is None else config
     key = f"{experiment}:{json.dumps(fingerprints.plain(config), sort_keys=True)}"
     if key not in _ESTIMATES:
-        _ESTIMATES[key] = tuple(_estimates(experiment, module, config))
+        _ESTIMATES[key] = tuple(_estimates(experiment, declared.dry_run, config))
     return list(_ESTIMATES[key])
 
 
-def _estimates(experiment: str, module, config) -> list[Estimate]:
+def _estimates(experiment: str, dry_run, config) -> list[Estimate]:
     out = []
     with torch.random.fork_rng(devices=[]):  # the same weights and inputs on every estimate
         torch.manual_seed(0)
-        parts = module.dry_run(config)
+        parts = dry_run(config)
     for part in parts:
         if part.batch_size <= 0 or part.samples <= 0:
             raise ValueError(f"{experiment}.dry_run gives no batch size for {part.name!r}")
@@ -172,14 +171,14 @@ def _estimates(experiment: str, module, config) -> list[Estimate]:
         scale = part.batch_size / part.samples
         out.append(
             Estimate(
-                experiment,
-                part.name,
-                sum(p.numel() for p in part.model.parameters()),
-                part.batch_size,
-                part.steps,
-                act * scale,
-                flops * scale + fixed_flops,
-                fixed_act,
+                experiment=experiment,
+                model=part.name,
+                parameters=sum(p.numel() for p in part.model.parameters()),
+                batch_size=part.batch_size,
+                steps=part.steps,
+                activation_bytes=act * scale,
+                flops_per_step=flops * scale + fixed_flops,
+                fixed_activation_bytes=fixed_act,
             )
         )
     return out
@@ -266,8 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="gpu")
     parser.add_argument("--markdown", action="store_true", help="a table for book/setup.md")
-    parser.add_argument("experiments", nargs="*", default=list(EXPERIMENTS))
+    parser.add_argument("experiments", nargs="*", help="default: every experiment")
     args = parser.parse_args(argv)
+    args.experiments = args.experiments or list_experiments()
     estimates = [e for name in args.experiments for e in estimate(name, args.profile)]
     print(table(estimates, markdown=args.markdown))
     if not args.markdown:

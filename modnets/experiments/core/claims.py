@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from modnets.experiments.core.rules import RULES, Rule
+from modnets.experiments.core.rules import Rule, get_rule
 from modnets.experiments.core.stats import seed_stats
 
 __all__ = [
@@ -208,12 +208,11 @@ def _ours(values: Sequence[float], rule: Rule) -> str:
 def test(
     rule_id: str, values: Sequence[float], ours: str | None = None, rules: dict | None = None
 ) -> Claim:
-    """The claim of rule ``rule_id`` (from :data:`~modnets.experiments.core.rules.RULES`, or
-    ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
+    """The claim of rule ``rule_id`` (declared by its experiment, or from ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
     summary (e.g. to show both sides of a comparison)."""
     from scipy import stats  # (scipy and statsmodels load in seconds: only where used)
 
-    rule = (RULES if rules is None else rules)[rule_id]
+    rule = get_rule(rule_id) if rules is None else rules[rule_id]
     v = np.asarray([float(x) for x in values], dtype=float)
     s = seed_stats(v)
     equivalence = rule.test == "equivalent"
@@ -228,7 +227,8 @@ def test(
     needed = seeds_needed(distance, s["sd"], equivalence) if distance is not None else None
     vs = _vs_paper(rule, interval)
     if verdict == "inconclusive" and interval is not None and reason:
-        reason = _why_inconclusive(rule, reason, m, distance, needed, vs, s["n"])
+        power = {"mde": m, "distance": distance, "needed": needed, "vs": vs, "n": s["n"]}
+        reason = _why_inconclusive(rule, reason, **power)
     return _claim(
         rule,
         ours or _ours(v, rule),
@@ -246,15 +246,15 @@ def test(
 def _claim(rule: Rule, ours: str, verdict: str, reason: str, **outcome) -> Claim:
     """A :class:`Claim` of ``rule``: its fields from the rule, the rest from ``outcome``."""
     return Claim(
-        rule.id,
-        rule.kind,
-        rule.text,
-        rule.source,
-        rule.paper,
-        ours,
-        rule.describe(),
-        verdict,
-        reason,
+        id=rule.id,
+        kind=rule.kind,
+        text=rule.text,
+        source=rule.source,
+        paper=rule.paper,
+        ours=ours,
+        rule=rule.describe(),
+        verdict=verdict,
+        reason=reason,
         test=rule.test,
         threshold=rule.threshold,
         paper_effect=rule.paper_effect,
@@ -290,7 +290,8 @@ def _vs_paper(rule: Rule, interval: list | None) -> str:
     return "larger than the paper's" if larger else "consistent with the paper's"
 
 
-def _why_inconclusive(rule: Rule, reason: str, m, distance, needed, vs: str, n: int) -> str:
+def _why_inconclusive(rule: Rule, reason: str, *, mde, distance, needed, vs: str, n: int) -> str:
+    m = mde
     if distance is None or m is None:
         return reason
     if m > distance:
@@ -309,7 +310,7 @@ def sides(
 ) -> str:
     """``"A mean ± sd; B mean ± sd"``: both sides of a paired comparison, formatted as rule
     ``rule_id`` formats its quantity."""
-    rule = RULES[rule_id] if rule_id is not None else None
+    rule = get_rule(rule_id) if rule_id is not None else None
     out = []
     for name, v in zip(names, (a, b), strict=True):
         st = seed_stats(v)
@@ -326,14 +327,14 @@ def paired(rule_id: str, a: Sequence[float], b: Sequence[float], names: tuple[st
         raise ValueError(f"a and b must have one value per seed each, got {len(a)} and {len(b)}")
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     s = seed_stats(diffs)
-    rule = RULES[rule_id]
+    rule = get_rule(rule_id)
     diff = f"difference {_fmt(s['mean'], rule)} ± {rule.scale * s['sd']:.{rule.digits}f}"
     return test(rule_id, diffs, f"{sides(a, b, names, rule_id)}; {diff} (n={s['n']})")
 
 
 def untestable(rule_id: str, reason: str, rules: dict | None = None) -> Claim:
     """Rule ``rule_id`` where this setting cannot test it (missing data, ...), with the reason."""
-    rule = (RULES if rules is None else rules)[rule_id]
+    rule = get_rule(rule_id) if rules is None else rules[rule_id]
     return _claim(rule, "-", "not testable here", reason)
 
 

@@ -1,4 +1,5 @@
-"""The command line shared by every experiment: ``python -m modnets.experiments.<name>``.
+"""The command line shared by every experiment: ``python -m modnets.experiments.<name>``, or
+``python -m modnets.experiments <name>`` for any experiment :func:`list_experiments` finds.
 
 ``--profile``, ``--out`` (JSON results in the schema of :mod:`modnets.experiments.core.harness`),
 ``--no-cache`` (retrain even if a checkpoint exists), ``--quiet`` and ``--resume`` (continue
@@ -10,17 +11,20 @@ hint to ``--resume``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from modnets import distributed
+from modnets.experiments.core.discovery import all_rules, get, list_experiments
+from modnets.experiments.core.experiment import Experiment, RunOptions
 from modnets.experiments.core.results import save_results
+from modnets.experiments.core.rules import unlogged
 from modnets.profiles import PROFILES
 from modnets.training import checkpoint_dir
 
-__all__ = ["experiment_main", "format_claims"]
+__all__ = ["experiment_main", "main", "format_claims"]
 
 
 def format_claims(results: dict) -> str:
@@ -46,14 +50,7 @@ def _unwritable(folder: Path) -> str | None:
     return None
 
 
-def experiment_main(
-    run: Callable[..., dict],
-    summary: Callable[[dict], str],
-    doc: str,
-    argv: list[str] | None = None,
-) -> None:
-    """Parse the command line, run the experiment, print ``summary(results)`` and the claims,
-    write the JSON."""
+def _parser(doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -62,6 +59,30 @@ def experiment_main(
     parser.add_argument(
         "--resume", action="store_true", help="continue interrupted training from its checkpoints"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m modnets.experiments <name> [options]``: any experiment by name;
+    ``python -m modnets.experiments rules``: the fingerprints of the rules that differ from the
+    rule-change log (what a new log entry must record)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = list_experiments()
+    if argv[:1] == ["rules"]:
+        print(json.dumps(unlogged(all_rules()), indent=1))
+        return
+    if not argv or argv[0] not in names:
+        sys.exit(
+            "usage: python -m modnets.experiments NAME [--profile P] [--out F] ...\n"
+            f"       python -m modnets.experiments rules\nNAME: one of {', '.join(names)}"
+        )
+    experiment_main(get(argv[0]), argv[1:])
+
+
+def experiment_main(experiment: Experiment, argv: list[str] | None = None) -> None:
+    """Parse the command line, run ``experiment``, print its summary and the claims, write the
+    JSON."""
+    parser = _parser(experiment.title)
     args = parser.parse_args(argv)
     # where the run will write, checked before it trains for hours
     folders = {"--out": args.out.parent if args.out is not None else None}
@@ -74,14 +95,12 @@ def experiment_main(
             parser.error(f"{what}: cannot write to {folder} ({problem})")
     distributed.setup()  # under torchrun: one process per device, data-parallel training
     try:
-        results = run(
-            profile=args.profile,
-            show_progress=not args.quiet,
-            resume=args.resume,
-            cache=not args.no_cache,
+        options = RunOptions(
+            show_progress=not args.quiet, resume=args.resume, cache=not args.no_cache
         )
+        results = experiment.run(profile=args.profile, options=options)
         if distributed.is_main():
-            print(summary(results))
+            print(experiment.summary(results))
             print(format_claims(results))
             if args.out is not None:
                 save_results(results, args.out)

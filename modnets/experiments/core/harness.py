@@ -16,15 +16,13 @@ evaluation, analyses, its ``PAPER`` table and ``claims``); this module does the 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import json
 import math
 import platform
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from types import ModuleType
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -36,8 +34,9 @@ from modnets.experiments.core.fingerprints import (
     data_fingerprint,
     plain,
 )
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
-from modnets.training import CheckpointError, checkpoint_dir, save_checkpoint
+from modnets.training import CheckpointError, checkpoint_dir, fit, save_checkpoint
 from modnets.utils import seed_everything
 
 #: The keys of every experiment's results, in this order.
@@ -47,6 +46,7 @@ __all__ = [
     "data_fingerprint",
     "checkpoint_key",
     "load_or_train",
+    "Stage",
     "workers_for",
     "train_ahead",
     "seed_stats",
@@ -84,25 +84,29 @@ def load_or_train(
     *,
     code: Sequence,
     data: str,
-    device=None,
-    cache: bool = True,
-    resume: bool = False,
+    options: RunOptions | None = None,
+    desc: str = "training",
     extra: bool = False,
 ) -> tuple:
     """The trained model ``name`` at ``seed``: loaded from its checkpoint, or trained and saved.
 
     ``build()`` makes the untrained model (called after seeding with ``seed``);
-    ``train(model, state_path, resume)`` trains it in place and returns its history
-    (``state_path`` is where :func:`modnets.training.fit` keeps its resumable state). ``code``
+    ``train(model, stage)`` trains it in place and returns its history: ``stage`` (a
+    :class:`Stage` named ``desc``) says where :func:`modnets.training.fit` keeps its resumable
+    state, and calls it. ``code``
     lists what the model's training depends on (see :func:`code_fingerprint`), ``data`` is the
-    data fingerprint (:func:`data_fingerprint`). ``cache=False`` trains without reading or
-    writing checkpoints. Under ``torchrun`` every rank trains; only rank 0 writes.
+    data fingerprint (:func:`data_fingerprint`). ``options`` (:class:`RunOptions`): the device
+    (``None``: where ``build`` puts it), ``cache=False`` trains without reading or writing
+    checkpoints, ``resume`` goes on from an interrupted training's state. Under ``torchrun``
+    every rank trains; only rank 0 writes.
 
     ``extra=True``: ``train`` returns ``(history, extra)``, where ``extra`` is whatever else is
     worth keeping with the model (e.g. the digits experiment's pretraining snapshots); it is
     stored in the checkpoint and returned third, ``(model, history, extra)``. A checkpoint
     without one is retrained.
     """
+    options = RunOptions() if options is None else options
+    device, cache, resume = options.device, options.cache, options.resume
     key = checkpoint_key(name, train_config, seed, data, code_fingerprint(*code))
     path = checkpoint_dir() / f"{name}_{key}.pt"
 
@@ -129,7 +133,8 @@ def load_or_train(
             model = fresh()
     state_path = path.with_suffix(".train.pt") if cache else None
     seed_everything(seed)
-    history = train(model, state_path, resume)
+    stage = Stage(desc, seed, options.show_progress, state_path, resume)
+    history = train(model, stage)
     history, kept = history if extra else (history, None)
     if cache and distributed.is_main():
         state = {
@@ -143,6 +148,37 @@ def load_or_train(
         state_path.unlink(missing_ok=True)  # the finished model replaces its training state
     distributed.barrier()
     return (model, history, kept) if extra else (model, history)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One model's training, as :func:`load_or_train` hands it to an experiment's ``train``:
+    its name in the progress bar and the saved state, its seed, and where its resumable state
+    lives (``state_path``; ``None``: nowhere) and whether it goes on from there."""
+
+    desc: str = "training"
+    seed: int = 0
+    show_progress: bool = True
+    state_path: Path | None = None
+    resume: bool = False
+
+    def fit(self, model: nn.Module, step: Callable, config, **how) -> dict:
+        """:func:`modnets.training.fit` of ``model`` with ``step`` and ``config`` (a
+        ``TrainConfig``) as this stage says; ``how``: fit's other arguments (``n`` or
+        ``batches``, ``evaluate``, ...). The saved state names the stage unless ``how`` gives a
+        ``state_config``."""
+        how.setdefault("state_config", {"stage": self.desc})
+        return fit(
+            model,
+            step,
+            config,
+            desc=self.desc,
+            show_progress=self.show_progress,
+            seed=self.seed,
+            state_path=self.state_path,
+            resume=self.resume,
+            **how,
+        )
 
 
 def workers_for(workers: int | None, profile: str, device) -> int:
@@ -160,13 +196,12 @@ def workers_for(workers: int | None, profile: str, device) -> int:
 def train_ahead(
     train: Callable,
     tasks: Sequence,
-    workers: int,
-    cache: bool,
+    options: RunOptions,
     desc: str,
-    show_progress: bool = True,
+    *,
     whole_rounds: bool = False,
 ) -> list | None:
-    """``train(task)`` for every task, side by side in ``workers`` processes, into the
+    """``train(task)`` for every task, side by side in ``options.workers`` processes, into the
     checkpoints that the experiment's own loop then loads (the loop times in this process,
     where its timings are not shared with a neighbour); the tasks' results, in order. Nothing
     (``None``) with one worker or without checkpoints (``cache=False``): the loop then trains.
@@ -174,10 +209,11 @@ def train_ahead(
     ``whole_rounds``: for tasks of equal cost, only as many as fill every worker in each round;
     the rest (fewer than ``workers``) are left to the loop, which trains them with every thread
     instead of leaving cores idle."""
+    workers = options.workers or 1
     if whole_rounds and workers > 1:
         tasks = tasks[: len(tasks) - len(tasks) % workers]
-    if cache and workers > 1 and len(tasks) > 1:
-        return parallel.map_tasks(train, tasks, workers, desc, show_progress)
+    if options.cache and workers > 1 and len(tasks) > 1:
+        return parallel.map_tasks(train, tasks, workers, desc, options.show_progress)
     return None
 
 
@@ -295,11 +331,6 @@ def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
     }
 
 
-def import_experiment(name: str) -> ModuleType:
-    """``modnets.experiments.<name>``."""
-    return importlib.import_module(f"modnets.experiments.{name}")
-
-
 @dataclasses.dataclass
 class DryRun:
     """One model of an experiment, ready for one training step: ``loss(model)`` computes the
@@ -324,24 +355,27 @@ class DryRun:
             return self.loss(model) if n is None else self.loss_on(model, n)
 
 
-def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
-    """Build every model of an experiment's ``profile`` configuration (on the CPU) and take one
+def dry_run(experiment, profile: str = "gpu") -> dict[str, dict]:
+    """Build every model of ``experiment``'s ``profile`` configuration (on the CPU) and take one
     training step each: the loss must be finite and every trainable parameter must get a
-    gradient, except those the module lists in ``ZERO_GRAD_AT_INIT`` (name substring -> reason).
+    gradient, except those the experiment lists in ``zero_grad_at_init`` (name substring ->
+    reason).
 
     Returns ``{name: {"loss", "parameters", "zero_grad": [names], "seconds"}}``; raises
-    ``AssertionError`` naming what failed. The module provides ``dry_run(config) -> [DryRun]``.
+    ``AssertionError`` naming what failed. ``experiment`` (an
+    :class:`~modnets.experiments.core.experiment.Experiment`) provides
+    ``dry_run(config) -> [DryRun]``.
     """
-    module = import_experiment(module) if isinstance(module, str) else module
-    config = module.CONFIGS[profile]
-    allowed = getattr(module, "ZERO_GRAD_AT_INIT", {})
+    config = experiment.configs[profile]
+    allowed = experiment.zero_grad_at_init
+    name = f"modnets.experiments.{experiment.name}"
     report = {}
-    for part in module.dry_run(config):
+    for part in experiment.dry_run(config):
         t0 = time.perf_counter()
         model = part.model.train()
         loss = part.seeded_loss(model)
         if not torch.isfinite(loss).all():
-            raise AssertionError(f"{module.__name__} {part.name}: loss {loss} is not finite")
+            raise AssertionError(f"{name} {part.name}: loss {loss} is not finite")
         loss.backward()
         missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
         zero = [
@@ -352,7 +386,7 @@ def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
         unexplained = [n for n in missing + zero if not any(k in n for k in allowed)]
         if unexplained:
             raise AssertionError(
-                f"{module.__name__} {part.name}: no gradient reaches "
+                f"{name} {part.name}: no gradient reaches "
                 f"{unexplained[:8]} ({len(unexplained)} parameters)"
             )
         bad = [
@@ -361,9 +395,7 @@ def dry_run(module: ModuleType | str, profile: str = "gpu") -> dict[str, dict]:
             if p.grad is not None and not torch.isfinite(p.grad).all()
         ]
         if bad:
-            raise AssertionError(
-                f"{module.__name__} {part.name}: non-finite gradients in {bad[:8]}"
-            )
+            raise AssertionError(f"{name} {part.name}: non-finite gradients in {bad[:8]}")
         report[part.name] = {
             "loss": loss.item(),
             "zero_grad": missing + zero,

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 
 from modnets.experiments.core.claims import VERDICTS, holm
+from modnets.experiments.core.discovery import get, list_experiments
 
 __all__ = [
-    "PAPERS",
+    "papers",
+    "own_experiments",
     "COLOURS",
     "claims_frame",
     "claims_table",
@@ -27,12 +29,23 @@ __all__ = [
     "rule_log_table",
 ]
 
-#: The experiments whose claims the book tests, by paper (the family of Holm's correction).
-PAPERS = {
-    "Neural Interpreters": ("fuzzy_boolean", "digits"),
-    "Neural Attentive Circuits": ("tiny_imagenet",),
-    "Neural Function Modules": ("stacked_mnist",),
-}
+
+def papers() -> dict[str, tuple[str, ...]]:
+    """The experiments that test a paper's claims, by paper (the family of Holm's correction),
+    in the book's order."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in list_experiments():
+        paper = get(name).paper
+        if paper:
+            out[paper] = (*out.get(paper, ()), name)
+    return out
+
+
+def own_experiments() -> tuple[str, ...]:
+    """The experiments of our own questions only (no paper's claims)."""
+    return tuple(name for name in list_experiments() if not get(name).paper)
+
+
 COLOURS = {
     "reproduced": "#d4edda",
     "not reproduced": "#f8d7da",
@@ -153,12 +166,9 @@ def regime_sentence(results: dict) -> str:
 
 
 def paper_scale_command(experiment: str) -> str:
-    """The command that runs ``experiment`` at the papers' settings (its module may name one in
-    ``GPU_COMMAND``, e.g. with ``torchrun``)."""
-    from modnets.experiments.core.harness import import_experiment
-
-    default = f"python -m modnets.experiments.{experiment} --profile gpu"
-    return getattr(import_experiment(experiment), "GPU_COMMAND", default)
+    """The command that runs ``experiment`` at the papers' settings (it may declare its own,
+    e.g. with ``torchrun``)."""
+    return get(experiment).command
 
 
 def load_claims(experiments, profile: str, folder="_build/results") -> tuple[list, dict, list]:

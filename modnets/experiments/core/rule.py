@@ -8,9 +8,17 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-__all__ = ["Rule", "TESTS"]
+__all__ = ["Rule", "TESTS", "POINTS", "PERCENT", "FIGURE"]
 
 TESTS = ("<", ">", "equivalent")
+
+#: Formatting for a difference of accuracies (fractions) shown in percentage points.
+POINTS = {"scale": 100, "digits": 1, "unit": " pts"}
+#: Formatting for a loss relative to the full model (a fraction) shown in per cent.
+PERCENT = {"scale": 100, "digits": 1, "unit": " %"}
+#: How a ``basis`` read from a figure begins: effects read from a figure are the smallest the
+#: paper's words imply, declared before running.
+FIGURE = "read from a figure: "
 
 
 @dataclass(frozen=True)

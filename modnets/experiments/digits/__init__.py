@@ -29,6 +29,7 @@ functions, iterations, types), ``claims`` (the paper's claims as tests) and ``ru
 and its command line).
 """
 
+from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.core.results import save_results
 from modnets.experiments.digits.analysis import (
     adapt,
@@ -50,6 +51,7 @@ from modnets.experiments.digits.claims import (
     regime,
 )
 from modnets.experiments.digits.config import (
+    CHAPTER,
     CONFIGS,
     CPU_SPEED,
     DATASET_NAMES,
@@ -58,6 +60,7 @@ from modnets.experiments.digits.config import (
     MODEL_NAMES,
     NAME,
     PAPER,
+    SOURCE_PAPER,
     DigitsConfig,
     DigitsTrain,
 )
@@ -85,9 +88,15 @@ from modnets.experiments.digits.models import (
     pretrain_loss,
     trained_model,
 )
-from modnets.experiments.digits.run import dry_run, main, run
+from modnets.experiments.digits.rules import RULES
+from modnets.experiments.digits.run import dry_run, measure
 
 __all__ = [
+    "EXPERIMENT",
+    "SOURCE_PAPER",
+    "CHAPTER",
+    "RULES",
+    "measure",
     "NAME",
     "KINDS",
     "MODEL_NAMES",
@@ -135,6 +144,9 @@ __all__ = [
     "format_summary",
     "run",
     "dry_run",
-    "main",
     "save_results",
 ]
+
+#: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
+EXPERIMENT = Experiment.from_namespace(globals())
+run = EXPERIMENT.run

@@ -1,5 +1,6 @@
 """``python -m modnets.experiments.digits``: see :mod:`modnets.experiments.digits.run`."""
 
-from modnets.experiments.digits.run import main
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.digits import EXPERIMENT
 
-main()
+experiment_main(EXPERIMENT)

@@ -38,6 +38,7 @@ def prepare_adaptation(
     pretrained: nn.Module,
     seed: int = 0,
     mode: str = "all",
+    *,
     resample: bool = False,
     num_functions: int | None = None,
     reuse_cls: int | None = None,
@@ -94,7 +95,9 @@ def adapt(
     ``lr`` defaults to ``capacity_lr`` (``mode="functions"``) or ``finetune_lr``.
     Short and never checkpointed: its own small loop (every sample each epoch, no clipping)."""
     reuse = None if config.reuse_cls is None else config.train.datasets.index(config.reuse_cls)
-    model = prepare_adaptation(pretrained, seed, mode, resample, num_functions, reuse)
+    model = prepare_adaptation(
+        pretrained, seed, mode, resample=resample, num_functions=num_functions, reuse_cls=reuse
+    )
     device = next(model.parameters()).device
     if lr is None:
         lr = config.capacity_lr if mode == "functions" else config.finetune_lr

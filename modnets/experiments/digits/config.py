@@ -9,6 +9,9 @@ from modnets.models.ni import NIConfig
 from modnets.training import TrainConfig
 
 NAME = "digits"
+#: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
+SOURCE_PAPER = "Neural Interpreters"
+CHAPTER = "06_digits_adaptation"
 
 KINDS = ("ni", "vit", "vit_small")
 
@@ -91,12 +94,11 @@ class DigitsTrain:
     ni: dict = field(default_factory=dict)  # NIConfig overrides
     # NIConfig overrides for the ViT. NI §4.2 compares with a ViT of about 3x the NI's parameters
     # (and "almost identical performance on the validation set"): at the configured depth the
-    # width is chosen for that ratio -- dim 96 gives 2.91x at this (gpu) configuration, dim 80
-    # at depth 4 3.13x at cpu; a test holds every profile to 2.5-3.5x.
+    # width gives that ratio (a test holds every profile to 2.5-3.5x).
     vit: dict = field(default_factory=lambda: {"dim": 96})
     vit_depth: int = 8
     # The secondary, parameter-matched ViT: NIConfig overrides and depth for about the
-    # NI's parameters (0.90x here; cpu: 0.96x); a test holds every profile to 0.85-1.15x.
+    # NI's parameters (a test holds every profile to 0.85-1.15x).
     vit_small: dict = field(default_factory=lambda: {"dim": 96, "mlp_hidden": 384})
     vit_small_depth: int = 4
 
@@ -136,7 +138,7 @@ class DigitsConfig:
 
     train: DigitsTrain = DigitsTrain()
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)  # pretraining seeds (claim seeds)
-    # the seeds the configuration (sizes, learning rates) was chosen on: never claim seeds
+    # the seeds the configuration (sizes, learning rates) is chosen on: never claim seeds
     selection_seeds: tuple[int, ...] = (100, 101)
     kmnist_pool: int = 5000  # adaptation samples are drawn from the first part of K-MNIST
     kmnist_eval: int = 5000  # evaluation on a disjoint part
@@ -178,8 +180,8 @@ _SMOKE_NI = dict(dim=32, type_dim=8, num_functions=3, num_iterations=2, num_head
 
 _CPU_NI = dict(dim=64, type_dim=16, num_functions=5, num_iterations=3, num_heads=4, patch_size=16)
 
-#: cpu: the NI's training step compiled and the optimiser fused (bench train_steps); compiling
-#: the ViTs' steps added nothing to the fused optimiser's gain
+#: cpu: the NI's training step compiled and the optimiser fused (bench train_steps); the ViTs'
+#: steps gain nothing from compiling beyond the fused optimiser
 CPU_SPEED = dict(compile=True, fused=True)
 
 CONFIGS = {

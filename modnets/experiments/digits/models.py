@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from modnets import distributed
 from modnets.experiments.core import harness
-from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.core.harness import Stage, load_or_train
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.digits.config import KINDS, MODEL_NAMES, NAME, DigitsConfig, DigitsTrain
 from modnets.experiments.digits.data import (
     DigitsData,
@@ -24,8 +25,7 @@ from modnets.experiments.digits.data import (
 )
 from modnets.models.baselines import ViT
 from modnets.models.ni import NeuralInterpreter
-from modnets.training import autocast, fit, save_checkpoint
-from modnets.utils import default_device
+from modnets.training import autocast, save_checkpoint
 
 
 def build_ni(train: DigitsTrain) -> NeuralInterpreter:
@@ -87,22 +87,20 @@ def pretrain(
     data: DigitsData,
     train: DigitsTrain,
     kind: str,
-    seed: int = 0,
-    desc: str = "pretraining",
-    show_progress: bool = True,
-    state_path=None,
-    resume: bool = False,
+    stage: Stage,
+    *,
     snapshots: list | None = None,
     max_snapshots: int = 25,
 ) -> dict:
-    """Multi-task training with :func:`modnets.training.fit`: each sample trains the head of its
-    dataset (NI §4.2). History: the mean loss per log point and, per epoch, the validation
+    """Multi-task training with :func:`modnets.training.fit`, as ``stage`` says (its name, seed
+    and saved state): each sample trains the head of its dataset (NI §4.2). History: the mean loss per log point and, per epoch, the validation
     accuracy of each dataset (``val_<dataset>``) and their mean (``val_mean``).
 
     ``snapshots``: a list that receives ``{"epoch", "val_mean", "state"}`` (weights on the CPU)
     after every epoch, thinned to at most ``max_snapshots`` evenly spaced epochs with the last
-    kept. With a ``state_path`` they are saved beside it after every epoch, so that a resumed run
-    has those of the epochs before the interruption too."""
+    kept. With a ``stage.state_path`` they are saved beside it after every epoch, so that a
+    resumed run has those of the epochs before the interruption too."""
+    state_path, resume = stage.state_path, stage.resume
     device = next(model.parameters()).device
     prep = Preprocess(train.randaugment)
     taken: list = []
@@ -135,19 +133,7 @@ def pretrain(
                 save_checkpoint(taken[-1], side / f"{len(earlier) + len(taken)}.pt")
         return out
 
-    history = fit(
-        model,
-        step,
-        train.train_config(kind),
-        n=len(data.x_train),
-        evaluate=val,
-        desc=desc,
-        show_progress=show_progress,
-        state_path=state_path,
-        resume=resume,
-        seed=seed,
-        state_config={"stage": desc},
-    )
+    history = stage.fit(model, step, train.train_config(kind), n=len(data.x_train), evaluate=val)
     if snapshots is not None:
         epochs = len(history["val_mean"])  # those of a resumed run's first part included
         # one per epoch: those saved before the interruption, then this run's own
@@ -220,38 +206,25 @@ def trained_model(
     config: DigitsConfig,
     seed: int,
     data: DigitsData | None = None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    verify: bool = True,
+    options: RunOptions | None = None,
+    *,
     snapshots: bool = False,
+    **flags,
 ) -> tuple:
     """The pretrained ``kind`` (one of :data:`KINDS`) at ``seed`` and its history, loaded from
     its checkpoint (``digits-<kind>``) or pretrained and saved; with ``snapshots=True`` also its
     pretraining snapshots (:func:`pretrain`; kept in the checkpoint), ``(model, history,
-    snapshots)``."""
+    snapshots)``. ``options`` (:class:`RunOptions`), or its fields by keyword."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    options = resolved(options, flags)
     t = config.train
-    data = load_pretraining_data(t, root, verify) if data is None else data
-    device = device or default_device()
+    data = load_pretraining_data(t, options.root, options.verify) if data is None else data
 
-    def train(model, state_path, resume):
+    def train(model, stage):
         snaps: list = []
         history = pretrain(
-            model,
-            data,
-            t,
-            kind,
-            seed,
-            f"pretraining {MODEL_NAMES[kind]} (seed {seed})",
-            show_progress,
-            state_path,
-            resume,
-            snaps,
-            config.max_snapshots,
+            model, data, t, kind, stage, snapshots=snaps, max_snapshots=config.max_snapshots
         )
         return history, snaps
 
@@ -262,10 +235,9 @@ def trained_model(
         lambda: BUILDERS[kind](t),
         train,
         code=TRAIN_CODE,
-        data=harness.data_fingerprint(*pretraining_files(t, root)),
-        device=device,
-        cache=cache,
-        resume=resume,
+        data=harness.data_fingerprint(*pretraining_files(t, options.root)),
+        options=options,
+        desc=f"pretraining {MODEL_NAMES[kind]} (seed {seed})",
         extra=True,
     )
     return (model, history, snaps) if snapshots else (model, history)

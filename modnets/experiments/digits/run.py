@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -17,7 +15,8 @@ from torch import nn
 
 from modnets import diagnostics, distributed, parallel
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.experiment import Measurement
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import seed_stats
 from modnets.experiments.digits.analysis import (
     adapt,
@@ -26,13 +25,11 @@ from modnets.experiments.digits.analysis import (
     drop_functions,
     select_finetune_lr,
 )
-from modnets.experiments.digits.claims import claims, drop_mean, format_summary, mean_over, regime
+from modnets.experiments.digits.claims import drop_mean, mean_over
 from modnets.experiments.digits.config import (
-    CONFIGS,
     FULL_TRAIN_SIZES,
     KINDS,
     MODEL_NAMES,
-    NAME,
     DigitsConfig,
 )
 from modnets.experiments.digits.data import (
@@ -43,15 +40,13 @@ from modnets.experiments.digits.data import (
 )
 from modnets.experiments.digits.models import (
     BUILDERS,
-    TRAIN_CODE,
     Preprocess,
     evaluate,
     matched_snapshot,
     pretrain_loss,
     trained_model,
 )
-from modnets.profiles import get_profile, select
-from modnets.utils import default_device, progress
+from modnets.utils import progress
 
 
 def _analyse(
@@ -59,6 +54,7 @@ def _analyse(
     matched: tuple[str, nn.Module],
     data: DigitsData,
     kmnist: dict,
+    *,
     config: DigitsConfig,
     seed: int,
     bar,
@@ -137,36 +133,17 @@ def _validation_match(trained: dict, snapshots: dict, models: dict) -> tuple[str
     return ahead, model
 
 
-def _seed_results(
-    config: DigitsConfig,
-    device,
-    show_progress: bool,
-    cache: bool,
-    resume: bool,
-    root,
-    verify: bool,
-    seed: int,
-) -> dict:
-    """Everything :func:`run` records of pretraining ``seed`` (plain JSON, so that a worker
+def _seed_results(config: DigitsConfig, options: RunOptions, seed: int) -> dict:
+    """Everything :func:`measure` records of pretraining ``seed`` (plain JSON, so that a worker
     process can compute it): ``{"rows": {kind: per-seed entry}, "routing": {...}}``."""
     seeded = draws_for(config, seed)
-    data = load_pretraining_data(seeded.train, root, verify)
-    kmnist = load_kmnist_data(seeded, root, verify)
+    data = load_pretraining_data(seeded.train, options.root, options.verify)
+    kmnist = load_kmnist_data(seeded, options.root, options.verify)
     models: dict = {kind: {"per_seed": []} for kind in KINDS}
     trained, snapshots = {}, {}
     for kind in KINDS:
         model, history, snapshots[kind] = trained_model(
-            kind,
-            seeded,
-            seed,
-            data,
-            device,
-            show_progress,
-            cache,
-            resume,
-            root,
-            verify,
-            snapshots=True,
+            kind, seeded, seed, data, options, snapshots=True
         )
         acc = evaluate(model, data)
         trained[kind] = model
@@ -187,9 +164,9 @@ def _seed_results(
     bar = progress(
         total=runs,
         desc=f"K-MNIST adaptation (seed {seed})",
-        disable=not (show_progress and distributed.is_main()),
+        disable=not (options.show_progress and distributed.is_main()),
     )
-    analysed = _analyse(trained, matched, data, kmnist, seeded, seed, bar)
+    analysed = _analyse(trained, matched, data, kmnist, config=seeded, seed=seed, bar=bar)
     bar.close()
     for kind in KINDS:
         models[kind]["per_seed"][-1].update(analysed[kind])
@@ -202,44 +179,25 @@ def _seed_results(
     return {"rows": {kind: models[kind]["per_seed"][0] for kind in KINDS}, "routing": routing}
 
 
-def run(
-    config: DigitsConfig | None = None,
-    profile: str | None = None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    verify: bool = True,
-    workers: int | None = None,
-) -> dict:
-    """The whole experiment at every pretraining seed; the results in the harness schema.
+def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
+    """Every model at every pretraining seed.
 
     ``models["ni" | "vit"]["per_seed"]`` holds each seed's history, validation accuracy and
     K-MNIST accuracies (one per adaptation seed); the NI's also its capacity, dropped-function
     and anytime accuracies. The summaries beside ``per_seed`` are :func:`harness.seed_stats` over
     pretraining seeds of each seed's mean (over adaptation seeds, trials or datasets).
-    ``workers``: the processes the seeds run in, whole (:func:`harness.workers_for`).
+    Each seed runs whole in one of ``options.workers`` processes.
     """
-    start = time.perf_counter()
-    profile = get_profile(profile)
-    config = select(CONFIGS, profile) if config is None else config
-    device = distributed.local_device() if distributed.is_distributed() else default_device()
-    workers = harness.workers_for(workers, profile, device)
+    workers, show = options.workers, options.show_progress
     # whole rounds side by side; the seeds left over (fewer than the workers) here, every thread
     side = config.seeds[: len(config.seeds) - len(config.seeds) % workers]
     inline = workers == 1 or len(side) < 2
-
-    def one(show: bool) -> functools.partial:
-        return functools.partial(_seed_results, config, device, show, cache, resume, root, verify)
-
+    each = functools.partial(_seed_results, config, options if inline else options.quiet())
     per_seed_results = parallel.map_tasks(
-        one(show_progress and inline),
-        side,
-        workers,
-        "pretraining seeds",
-        show_progress and not inline,
+        each, side, workers, "pretraining seeds", show and not inline
     )
-    per_seed_results += [one(show_progress)(s) for s in config.seeds[len(side) :]]
+    rest = config.seeds[len(side) :]
+    per_seed_results += [functools.partial(_seed_results, config, options)(s) for s in rest]
     models: dict = {
         kind: {"per_seed": [r["rows"][kind] for r in per_seed_results]} for kind in KINDS
     }
@@ -260,20 +218,7 @@ def run(
         "routing_after_pretraining": routing,
         "val_acc": {kind: [r["val_acc"] for r in models[kind]["per_seed"]] for kind in KINDS},
     }
-    partial = {"config": asdict(config), "models": models}
-    partial["regime"] = regime(partial)
-    return harness.results_dict(
-        NAME,
-        profile,
-        config,
-        config.seeds,
-        models,
-        diag,
-        claims(partial),
-        harness.provenance(start, TRAIN_CODE),
-        selection_seeds=config.selection_seeds,
-        regime=partial["regime"],
-    )
+    return Measurement(models, diag, config, config.selection_seeds)
 
 
 def dry_run(config: DigitsConfig) -> list[harness.DryRun]:
@@ -303,7 +248,3 @@ def dry_run(config: DigitsConfig) -> list[harness.DryRun]:
         )
         for kind in KINDS
     ]
-
-
-def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv)

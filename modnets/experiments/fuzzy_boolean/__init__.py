@@ -24,6 +24,7 @@ One file per job, as in every experiment: ``config`` (what is trained, per profi
 ``claims`` (the paper's claims as tests) and ``run`` (the experiment and its command line).
 """
 
+from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.fuzzy_boolean.claims import (
     REGIME_R2,
     claims,
@@ -32,6 +33,7 @@ from modnets.experiments.fuzzy_boolean.claims import (
     summary,
 )
 from modnets.experiments.fuzzy_boolean.config import (
+    CHAPTER,
     CONFIGS,
     CPU_SPEED,
     FAMILIES,
@@ -40,6 +42,7 @@ from modnets.experiments.fuzzy_boolean.config import (
     RECORDED_SWEEPS,
     REGIME_NAMES,
     REGIMES,
+    SOURCE_PAPER,
     SWEPT,
     FuzzyBooleanConfig,
     FuzzyBooleanSweep,
@@ -66,7 +69,8 @@ from modnets.experiments.fuzzy_boolean.models import (
     train,
     trained_models,
 )
-from modnets.experiments.fuzzy_boolean.run import dry_run, main, run
+from modnets.experiments.fuzzy_boolean.rules import RULES
+from modnets.experiments.fuzzy_boolean.run import dry_run, measure
 from modnets.experiments.fuzzy_boolean.sweep import (
     choose_candidate,
     load_sweep_record,
@@ -76,6 +80,11 @@ from modnets.experiments.fuzzy_boolean.sweep import (
 )
 
 __all__ = [
+    "EXPERIMENT",
+    "SOURCE_PAPER",
+    "CHAPTER",
+    "RULES",
+    "measure",
     "NAME",
     "REGIMES",
     "REGIME_NAMES",
@@ -117,5 +126,8 @@ __all__ = [
     "format_summary",
     "dry_run",
     "run",
-    "main",
 ]
+
+#: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
+EXPERIMENT = Experiment.from_namespace(globals())
+run = EXPERIMENT.run

@@ -1,5 +1,6 @@
 """``python -m modnets.experiments.fuzzy_boolean``: see :mod:`modnets.experiments.fuzzy_boolean.run`."""
 
-from modnets.experiments.fuzzy_boolean.run import main
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.fuzzy_boolean import EXPERIMENT
 
-main()
+experiment_main(EXPERIMENT)

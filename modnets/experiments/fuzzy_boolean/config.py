@@ -10,6 +10,9 @@ from modnets.models.ni import NIConfig
 from modnets.training import TrainConfig
 
 NAME = "fuzzy_boolean"
+#: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
+SOURCE_PAPER = "Neural Interpreters"
+CHAPTER = "05_fuzzy_boolean"
 
 REGIMES = ("cls", "type", "all")
 
@@ -105,9 +108,8 @@ class FuzzyBooleanSweep:
     finetuning regime gets the rate of ``finetune_lrs`` that scores best on the same cut of the
     new functions' training points. The reported validation split is never read.
 
-    Candidates train as long as the experiment's pretraining because routing moves with training:
-    in a pilot of 4 of the 10 cpu epochs, tau 1.0 with type dimension 8 looked modular (3-4
-    functions used), and at 10 epochs it collapses onto two."""
+    Candidates train as long as the experiment's pretraining because routing moves with training
+    (a short candidate's routing can collapse later: the book's engineering notes)."""
 
     truncation: tuple[float, ...] = (1.0, 1.42)
     type_dim: tuple[int, ...] = (4, 8)
@@ -139,7 +141,7 @@ class FuzzyBooleanConfig:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     routing_points: int = 512  # validation points whose routing is summarised
     sweep: FuzzyBooleanSweep | None = FuzzyBooleanSweep()  # None: train as configured
-    # with no sweep to run: the seeds the configured settings were chosen on (a recorded sweep's)
+    # with no sweep to run: the seeds a recorded sweep chose the configured settings on
     selection_seeds: tuple[int, ...] = ()
 
 
@@ -164,14 +166,11 @@ CONFIGS = {
             finetune_lrs=(1e-3, 4e-3),
         ),
     ),
-    # Four claim seeds, each on its own task: a seed's pretraining is the book's costliest
-    # training, and two worker processes train four seeds in two rounds where a fifth would need
-    # a third, past the book's budget (book/setup.md); each claim names the seeds that would
-    # decide it. 16x fewer points than the paper and its 20 epochs (on the selection seed, 10
-    # epochs left pretraining below the regime's R² and still rising).
-    # The routing settings and finetuning rates are RECORDED_SWEEPS["cpu"]'s choice on its selection
-    # seed, run once and recorded (record_sweep; chapter 5 shows the record): the sweep's
-    # 8 pretrainings and 9 finetunings cost more than the claim seeds together.
+    # Four claim seeds, each on its own task: what the book's budget affords (each claim names
+    # the seeds that would decide it). 16x fewer points than the paper, and its 20 epochs
+    # (pretraining reaches the regime's R² in them). The routing settings and finetuning rates
+    # are RECORDED_SWEEPS["cpu"]'s choice on its selection seed, run once and recorded
+    # (record_sweep; chapter 5 shows the record), since the sweep costs more than the claim seeds.
     "cpu": FuzzyBooleanConfig(
         FuzzyBooleanTrain(
             points_per_function=10_000,

@@ -12,7 +12,8 @@ from torch import nn
 
 from modnets.data import fuzzy_boolean as fuzzy_data
 from modnets.data.fuzzy_boolean import MultiTaskData
-from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.core.harness import Stage, load_or_train
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.fuzzy_boolean.config import (
     NAME,
     REGIMES,
@@ -21,8 +22,7 @@ from modnets.experiments.fuzzy_boolean.config import (
 )
 from modnets.experiments.fuzzy_boolean.data import fit_points, load_data, target_scaler
 from modnets.models.ni import NeuralInterpreter
-from modnets.training import TrainConfig, fit, r2_score, trainable_parameters
-from modnets.utils import default_device
+from modnets.training import TrainConfig, r2_score, trainable_parameters
 
 
 def build_model(train: FuzzyBooleanTrain) -> NeuralInterpreter:
@@ -76,13 +76,10 @@ def train(
     model: nn.Module,
     data: MultiTaskData,
     config: TrainConfig,
-    seed: int = 0,
-    desc: str = "training",
-    show_progress: bool = True,
-    state_path=None,
-    resume: bool = False,
+    stage: Stage,
 ) -> dict:
-    """Train the trainable parameters on standardised targets (MSE) with :func:`fit`."""
+    """Train the trainable parameters on standardised targets (MSE) with :func:`fit`, as
+    ``stage`` says (its name, seed and saved state)."""
     device = next(model.parameters()).device
     mu, sd = target_scaler(data)
     x, y = data.x_train.to(device), ((data.y_train - mu) / sd).to(device)
@@ -91,18 +88,8 @@ def train(
         idx = idx.to(device)
         return loss(net, x[idx], y[idx])
 
-    return fit(
-        model,
-        step,
-        config,
-        n=len(x),
-        desc=desc,
-        show_progress=show_progress,
-        evaluate=lambda m: {"r2": evaluate(m, data).mean().item()},
-        seed=seed,
-        state_path=state_path,
-        resume=resume,
-        state_config={"stage": desc},
+    return stage.fit(
+        model, step, config, n=len(x), evaluate=lambda m: {"r2": evaluate(m, data).mean().item()}
     )
 
 
@@ -125,30 +112,24 @@ def pretrained(
     t: FuzzyBooleanTrain,
     seed: int,
     points: MultiTaskData,
+    *,
     fingerprint: str,
-    device,
-    show_progress: bool,
-    cache: bool,
-    resume: bool,
     desc: str,
+    options: RunOptions,
 ) -> tuple:
     """The pretrained model of ``t`` at ``seed`` (checkpoint ``fuzzy_boolean-pretrain``, keyed
     without the finetuning rates, which pretraining does not use)."""
-
-    def fit_it(model, state_path, resume):
-        return train(model, points, t.pretrain, seed, desc, show_progress, state_path, resume)
 
     return load_or_train(
         f"{NAME}-pretrain",
         replace(t, finetune_lrs=()),
         seed,
         lambda: build_model(t),
-        fit_it,
+        lambda model, stage: train(model, points, t.pretrain, stage),
         code=TRAIN_CODE,
         data=fingerprint,
-        device=device,
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=desc,
     )
 
 
@@ -158,12 +139,10 @@ def finetuned(
     seed: int,
     weights: dict,
     points: MultiTaskData,
+    *,
     fingerprint: str,
-    device,
-    show_progress: bool,
-    cache: bool,
-    resume: bool,
     desc: str,
+    options: RunOptions,
 ) -> tuple:
     """``regime`` finetuned from the pretrained ``weights`` at its rate in ``t`` (checkpoint
     ``fuzzy_boolean-<regime>``, keyed by that rate alone)."""
@@ -176,20 +155,16 @@ def finetuned(
         set_trainable(ft, regime)
         return ft
 
-    def fit_it(model, state_path, resume):
-        return train(model, points, tc, seed, desc, show_progress, state_path, resume)
-
     model, hist = load_or_train(
         f"{NAME}-{regime}",
         replace(t, finetune_lrs=((regime, tc.lr),)),
         seed,
         build,
-        fit_it,
+        lambda model, stage: train(model, points, tc, stage),
         code=TRAIN_CODE,
         data=fingerprint,
-        device=device,
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=desc,
     )
     set_trainable(model, regime)
     return model, hist
@@ -199,29 +174,25 @@ def trained_models(
     config: FuzzyBooleanConfig,
     seed: int,
     data=None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
+    options: RunOptions | None = None,
+    **flags,
 ) -> dict[str, tuple[nn.Module, dict]]:
     """``{"pretrain" | regime: (model, history)}`` at ``seed``: each loaded from its checkpoint
     or trained (pretraining first, then each regime from the same pretrained weights), on the
     points of :func:`fit_points`. ``config.train`` is used as it is: pass the one
-    :func:`sweep` returns (as :func:`run` does) to get the swept choice."""
+    :func:`sweep` returns (as :func:`run` does) to get the swept choice. ``options``
+    (:class:`RunOptions`), or its fields by keyword."""
+    options = resolved(options, flags)
     t = config.train
     data = load_data(t) if data is None else data
     pre_fit, new_fit, fingerprint = fit_points(config, data)
-    device = device or default_device()
     pre, history = pretrained(
         t,
         seed,
         pre_fit,
-        fingerprint,
-        device,
-        show_progress,
-        cache,
-        resume,
-        f"pretraining (seed {seed})",
+        fingerprint=fingerprint,
+        desc=f"pretraining (seed {seed})",
+        options=options,
     )
     out = {"pretrain": (pre, history)}
     weights = copy.deepcopy(pre.state_dict())
@@ -232,11 +203,8 @@ def trained_models(
             seed,
             weights,
             new_fit,
-            fingerprint,
-            device,
-            show_progress,
-            cache,
-            resume,
-            f"finetune [{regime}] (seed {seed})",
+            fingerprint=fingerprint,
+            desc=f"finetune [{regime}] (seed {seed})",
+            options=options,
         )
     return out

@@ -7,19 +7,16 @@ Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.js
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import replace
 
 import torch
 
-from modnets import diagnostics, distributed
+from modnets import diagnostics
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.experiment import Measurement
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
-from modnets.experiments.fuzzy_boolean.claims import claims, format_summary, regime
 from modnets.experiments.fuzzy_boolean.config import (
-    CONFIGS,
-    NAME,
     REGIMES,
     FuzzyBooleanConfig,
     FuzzyBooleanTrain,
@@ -32,16 +29,13 @@ from modnets.experiments.fuzzy_boolean.data import (
     task_for,
 )
 from modnets.experiments.fuzzy_boolean.models import (
-    TRAIN_CODE,
     build_model,
     evaluate,
     loss,
     trained_models,
 )
 from modnets.experiments.fuzzy_boolean.sweep import sweep
-from modnets.profiles import get_profile, select
 from modnets.training import trainable_parameters
-from modnets.utils import default_device
 
 
 def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
@@ -63,41 +57,26 @@ def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
 
 
 def _train_seed(
-    config: FuzzyBooleanConfig, chosen: FuzzyBooleanTrain, device, resume: bool, seed: int
+    config: FuzzyBooleanConfig, chosen: FuzzyBooleanTrain, options: RunOptions, seed: int
 ) -> None:
     """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`run`'s
     loop, ahead of it in a worker process."""
     seeded = replace(config, train=task_for(chosen, seed))
-    trained_models(seeded, seed, None, device, show_progress=False, cache=True, resume=resume)
+    trained_models(seeded, seed, options=options.quiet())
 
 
-def run(
-    config: FuzzyBooleanConfig | None = None,
-    profile: str | None = None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    workers: int | None = None,
-) -> dict:
-    """The whole experiment at every seed; the results in the harness schema (plain JSON).
+def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
+    """Every model at every claim seed (after the routing sweep on its selection seed).
 
     ``models[key]["per_seed"]`` holds each seed's R^2 per function, history and trainable count;
-    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds. ``workers``: the
-    processes the seeds train in (:func:`harness.workers_for`).
+    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds.
     """
-    start = time.perf_counter()
-    profile = get_profile(profile)
-    config = select(CONFIGS, profile) if config is None else config
-    device = distributed.local_device() if distributed.is_distributed() else default_device()
     selection = [config.sweep.seed] if config.sweep is not None else list(config.selection_seeds)
     if set(selection) & set(config.seeds):
         raise ValueError(f"the selection seeds {selection} overlap the claim seeds {config.seeds}")
-    chosen, sweep_report = sweep(config, None, device, show_progress, cache, resume)
-    workers = harness.workers_for(workers, profile, device)
-    train = functools.partial(_train_seed, config, chosen, device, resume)
-    harness.train_ahead(
-        train, config.seeds, workers, cache, "claim seeds", show_progress, whole_rounds=True
-    )
+    chosen, sweep_report = sweep(config, options=options)
+    train = functools.partial(_train_seed, config, chosen, options)
+    harness.train_ahead(train, config.seeds, options, "claim seeds", whole_rounds=True)
     models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:
@@ -110,7 +89,7 @@ def run(
             "pretrain": reported_split(pre_fit, pre_data),
             "new": reported_split(new_fit, new_data),
         }
-        trained = trained_models(seeded, seed, data, device, show_progress, cache, resume)
+        trained = trained_models(seeded, seed, data, options)
         for key, (model, history) in trained.items():
             r2 = evaluate(model, reported["pretrain" if key == "pretrain" else "new"])
             models[key]["per_seed"].append(
@@ -135,32 +114,12 @@ def run(
                 },
             }
         )
-    config = replace(config, train=chosen)
     for entry in models.values():
         entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
-    results = {
-        "models": models,
-        "diagnostics": {
-            "routing_after_pretraining": routing,
-            "routing_shift": shifts,
-            "sweep": sweep_report,
-            "functions": functions,
-        },
+    diag = {
+        "routing_after_pretraining": routing,
+        "routing_shift": shifts,
+        "sweep": sweep_report,
+        "functions": functions,
     }
-    results["regime"] = regime(results)
-    return harness.results_dict(
-        NAME,
-        profile,
-        config,
-        config.seeds,
-        models,
-        results["diagnostics"],
-        claims(results),
-        harness.provenance(start, TRAIN_CODE),
-        selection_seeds=selection,
-        regime=results["regime"],
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv)
+    return Measurement(models, diag, replace(config, train=chosen), selection)

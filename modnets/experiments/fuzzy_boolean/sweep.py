@@ -10,6 +10,7 @@ from pathlib import Path
 
 from modnets import diagnostics
 from modnets.experiments.core import fingerprints
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.fuzzy_boolean.config import (
     CONFIGS,
     NAME,
@@ -21,7 +22,6 @@ from modnets.experiments.fuzzy_boolean.config import (
 )
 from modnets.experiments.fuzzy_boolean.data import fit_points, load_data, selection_split, task_for
 from modnets.experiments.fuzzy_boolean.models import evaluate, finetuned, pretrained
-from modnets.utils import default_device
 
 
 def sweep_record_path(profile: str) -> Path:
@@ -42,7 +42,8 @@ def record_sweep(
     base = unswept(config.train)
     sw = RECORDED_SWEEPS[profile]
     started = replace(config, train=base, sweep=sw)
-    _, report = sweep(started, show_progress=show_progress, cache=cache, resume=resume)
+    options = RunOptions(show_progress=show_progress, cache=cache, resume=resume)
+    _, report = sweep(started, options=options)
     # the configuration as far as it determines the weights (not its speed switches)
     train = fingerprints.plain(base, for_key=True)
     record = {"sweep": fingerprints.plain(sw), "train": train, "report": report}
@@ -66,10 +67,8 @@ def load_sweep_record(profile: str) -> dict:
 def sweep(
     config: FuzzyBooleanConfig,
     data=None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
+    options: RunOptions | None = None,
+    **flags,
 ) -> tuple[FuzzyBooleanTrain, dict]:
     """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
     ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
@@ -78,8 +77,10 @@ def sweep(
     finetunes are checkpointed like the experiment's own models (``fuzzy_boolean-pretrain``,
     ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``) on that seed's own task
     (:func:`task_for`): the chosen ones *are* that seed's models, which :func:`trained_models`
-    loads given ``task_for(train, config.sweep.seed)``; ``resume`` continues an interrupted
-    one. The sweep's seed is a selection seed, never a claim seed."""
+    loads given ``task_for(train, config.sweep.seed)``; ``options.resume`` continues an
+    interrupted one (``options``: :class:`RunOptions`, or its fields by keyword). The sweep's
+    seed is a selection seed, never a claim seed."""
+    options = resolved(options, flags)
     sw, base = config.sweep, config.train
     if sw is None:
         return base, {}
@@ -87,7 +88,6 @@ def sweep(
     data = load_data(t) if data is None else data
     pre_sel, new_sel = (selection_split(d, sw.selection_fraction) for d in data[:2])
     pre_fit, new_fit, fingerprint = fit_points(config, data)
-    device = device or default_device()
     rows, models = [], []
     epochs = t.pretrain.epochs if sw.epochs is None else sw.epochs
     for cand in sw.candidates():
@@ -97,16 +97,9 @@ def sweep(
             pretrain=replace(t.pretrain, epochs=epochs),
             finetune_lrs=(),
         )
+        desc = f"sweep: {_label(cand)}"
         model, _ = pretrained(
-            tc,
-            sw.seed,
-            pre_fit,
-            fingerprint,
-            device,
-            show_progress,
-            cache,
-            resume,
-            f"sweep: {_label(cand)}",
+            tc, sw.seed, pre_fit, fingerprint=fingerprint, desc=desc, options=options
         )
         r2 = evaluate(model, pre_sel).mean().item()
         routing = diagnostics.ni_routing(model, pre_sel.x_val[: config.routing_points])
@@ -135,12 +128,9 @@ def sweep(
                 sw.seed,
                 weights,
                 new_fit,
-                fingerprint,
-                device,
-                show_progress,
-                cache,
-                resume,
-                f"sweep: finetune [{regime}] lr {lr:g}",
+                fingerprint=fingerprint,
+                desc=f"sweep: finetune [{regime}] lr {lr:g}",
+                options=options,
             )
             lr_scores[regime][lr] = evaluate(model, new_sel).mean().item()
     # the best rate per regime (ties: the smaller)

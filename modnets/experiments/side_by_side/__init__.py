@@ -19,6 +19,7 @@ dropped modules and the costs), ``claims`` (our claims as tests, and the compute
 command line); ``selection`` records the chosen rates, for a profile that names them.
 """
 
+from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
 from modnets.experiments.side_by_side.claims import (
     CLAIMS,
@@ -28,14 +29,17 @@ from modnets.experiments.side_by_side.claims import (
     claims,
     format_summary,
     per_seed,
+    regime,
     regime_of,
 )
 from modnets.experiments.side_by_side.config import (
     ARCH,
+    CHAPTER,
     CONFIGS,
     MODELS,
     NAME,
     PAPER,
+    SOURCE_PAPER,
     ZERO_GRAD_AT_INIT,
     SideBySideConfig,
     SideBySideTrain,
@@ -56,9 +60,15 @@ from modnets.experiments.side_by_side.models import (
     trained_model,
 )
 from modnets.experiments.side_by_side.rates import choose_rates, select_rates
-from modnets.experiments.side_by_side.run import dry_run, main, run
+from modnets.experiments.side_by_side.rules import RULES
+from modnets.experiments.side_by_side.run import dry_run, measure
 
 __all__ = [
+    "EXPERIMENT",
+    "SOURCE_PAPER",
+    "CHAPTER",
+    "RULES",
+    "measure",
     "ARCH",
     "CLAIMS",
     "CONFIGS",
@@ -86,9 +96,9 @@ __all__ = [
     "inputs",
     "logits",
     "loss",
-    "main",
     "mean_exact",
     "per_seed",
+    "regime",
     "regime_of",
     "recorded_path",
     "run",
@@ -98,3 +108,7 @@ __all__ = [
     "trained_model",
     "training_data",
 ]
+
+#: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
+EXPERIMENT = Experiment.from_namespace(globals())
+run = EXPERIMENT.run

@@ -1,5 +1,6 @@
 """``python -m modnets.experiments.side_by_side``: see :mod:`modnets.experiments.side_by_side.run`."""
 
-from modnets.experiments.side_by_side.run import main
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.side_by_side import EXPERIMENT
 
-main()
+experiment_main(EXPERIMENT)

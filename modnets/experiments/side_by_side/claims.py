@@ -55,6 +55,11 @@ def regime_of(results: dict, names) -> dict:
     )
 
 
+def regime(results: dict) -> dict:
+    """:func:`regime_of` every model of ``results``."""
+    return regime_of(results, list(results["models"]))
+
+
 def claims(results: dict) -> list:
     """Each of :data:`CLAIMS` as a paired test over seeds, ``not testable here`` where one of
     its two models missed the :func:`regime_of` bar."""

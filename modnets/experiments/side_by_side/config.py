@@ -9,6 +9,9 @@ from pathlib import Path
 from modnets.training import TrainConfig
 
 NAME = "side_by_side"
+#: The paper whose claims it tests: none, every claim here is ours, and the chapter that runs it.
+SOURCE_PAPER = ""
+CHAPTER = "11b_side_by_side"
 
 #: No paper makes these claims: every claim here is ours.
 PAPER: dict = {}
@@ -110,7 +113,7 @@ class SideBySideConfig:
 
 
 CONFIGS = {
-    # seconds: proves the code paths, decides nothing
+    # proves the code paths, decides nothing
     "smoke": SideBySideConfig(
         # two candidate rates: enough for the selection to choose
         train=SideBySideTrain(

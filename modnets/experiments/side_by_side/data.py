@@ -4,21 +4,18 @@ digit count, and K-MNIST canvases for few-shot adaptation."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from modnets.data.digits import load_kmnist, load_mnist
-from modnets.data.stacked_mnist import StackedMNIST, make_canvases
+from modnets.data.stacked_mnist import make_canvases
 from modnets.experiments.side_by_side.config import SideBySideConfig, SideBySideTrain
-from modnets.training import minibatches
 
 
-def _canvases(images, labels, train: SideBySideTrain, n: int, counts, seed: int) -> dict:
-    """``{count: StackedMNIST}``: ``n`` canvases of each digit count, drawn from ``seed``."""
-    return {
-        c: make_canvases(images, labels, n, c, seed + c, train.canvas, train.digit, "grid")
-        for c in counts
-    }
+def _canvases(digits: tuple, train: SideBySideTrain, n: int, counts, seed: int) -> dict:
+    """``{count: StackedMNIST}``: ``n`` canvases of each digit count from ``digits = (images,
+    labels)``, drawn from ``seed``."""
+    size = {"canvas_size": train.canvas, "digit_size": train.digit, "layout": "grid"}
+    return {c: make_canvases(*digits, n, c, seed=seed + c, **size) for c in counts}
 
 
 def training_data(train: SideBySideTrain, root=None, verify: bool = True) -> dict:
@@ -29,8 +26,8 @@ def training_data(train: SideBySideTrain, root=None, verify: bool = True) -> dic
     val, tr = perm[: train.val_images], perm[train.val_images :]
     s = 1000 * train.data_seed
     return {
-        "train": _canvases(x[tr], y[tr], train, train.per_count, train.train_counts, s),
-        "val": _canvases(x[val], y[val], train, train.val_per_count, train.train_counts, s + 100),
+        "train": _canvases((x[tr], y[tr]), train, train.per_count, train.train_counts, s),
+        "val": _canvases((x[val], y[val]), train, train.val_per_count, train.train_counts, s + 100),
     }
 
 
@@ -47,10 +44,10 @@ def test_data(config: SideBySideConfig, seed: int, root=None, verify: bool = Tru
     a, b = half[: len(kx) // 2], half[len(kx) // 2 :]
     few = max(1, config.few_shot // len(t.train_counts))
     return {
-        "iid": _canvases(x, y, t, config.test_per_count, t.train_counts, s + 200),
-        "ood": _canvases(x, y, t, config.test_per_count, config.ood_counts, s + 300),
-        "kmnist_train": _canvases(kx[a], ky[a], t, few, t.train_counts, s + 400),
-        "kmnist_test": _canvases(kx[b], ky[b], t, config.test_per_count, t.train_counts, s + 500),
+        "iid": _canvases((x, y), t, config.test_per_count, t.train_counts, s + 200),
+        "ood": _canvases((x, y), t, config.test_per_count, config.ood_counts, s + 300),
+        "kmnist_train": _canvases((kx[a], ky[a]), t, few, t.train_counts, s + 400),
+        "kmnist_test": _canvases((kx[b], ky[b]), t, config.test_per_count, t.train_counts, s + 500),
     }
 
 
@@ -62,8 +59,3 @@ MEAN, STD = 0.050, 0.202
 def inputs(images: Tensor, device) -> Tensor:
     """uint8 canvases ``(B, 1, S, S)`` -> standardised floats."""
     return (images.to(device).float() / 255.0 - MEAN) / STD
-
-
-def canvas_batches(data: dict[int, StackedMNIST], batch_size: int, g: torch.Generator) -> list:
-    """One epoch's minibatches ``(count, indices)``, each of a single digit count."""
-    return [(c, idx) for c, ds in data.items() for idx in minibatches(len(ds), batch_size, g)]

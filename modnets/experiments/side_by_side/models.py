@@ -15,6 +15,8 @@ from modnets import pruning
 from modnets.data import data_root
 from modnets.data.stacked_mnist import StackedMNIST
 from modnets.experiments.core import harness
+from modnets.experiments.core.harness import Stage
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.side_by_side.config import (
     ARCH,
     MODELS,
@@ -22,14 +24,14 @@ from modnets.experiments.side_by_side.config import (
     SideBySideConfig,
     SideBySideTrain,
 )
-from modnets.experiments.side_by_side.data import canvas_batches, inputs, training_data
+from modnets.experiments.side_by_side.data import inputs, training_data
 from modnets.models.baselines import PerceiverIO, ViT
 from modnets.models.nac import NACConfig, NeuralAttentiveCircuit
 from modnets.models.nfm import ConvNet
 from modnets.models.ni import NeuralInterpreter, NIConfig
 from modnets.nn.tokens import ConvTokenizer
-from modnets.training import TrainConfig, autocast, fit
-from modnets.utils import default_device, seed_everything
+from modnets.training import TrainConfig, autocast, group_batches
+from modnets.utils import seed_everything
 
 
 def _ni_config(train: SideBySideTrain, dim: int, mlp_hidden: int, **kw) -> NIConfig:
@@ -97,8 +99,7 @@ def loss(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     out = F.binary_cross_entropy_with_logits(logits(net, x).float(), y)
     model = getattr(net, "_orig_mod", net)
     if isinstance(model, NeuralAttentiveCircuit) and model.graph_prior is not None:
-        U = model.config.num_processors
-        out = out + model.graph_loss().float() / (U * (U - 1))
+        out = out + model.graph_loss(reduction="mean").float()
     return out
 
 
@@ -125,39 +126,27 @@ def train(
     model: nn.Module,
     data: dict,
     optim: TrainConfig,
-    seed: int = 0,
-    desc: str = "training",
-    show_progress: bool = True,
-    state_path=None,
-    resume: bool = False,
+    stage: Stage,
 ) -> dict:
-    """Train with :func:`modnets.training.fit` on ``data["train"]`` (batches of one digit count,
-    shuffled from ``seed`` and the epoch); the validation accuracy on ``data["val"]`` (when
-    given) after each epoch."""
+    """Train with :func:`modnets.training.fit` as ``stage`` says, on ``data["train"]`` (batches
+    of one digit count, shuffled from the stage's seed and the epoch); the validation accuracy
+    on ``data["val"]`` (when given) after each epoch."""
     device = next(model.parameters()).device
     sets = data["train"]
 
     def batches(epoch: int) -> list:
-        return canvas_batches(sets, optim.batch_size, torch.Generator().manual_seed(seed + epoch))
+        return group_batches(
+            sets, optim.batch_size, torch.Generator().manual_seed(stage.seed + epoch)
+        )
 
     def step(net, batch):
         c, idx = batch
         return loss(net, inputs(sets[c].images[idx], device), sets[c].targets[idx].to(device))
 
     val = data.get("val")
-    return fit(
-        model,
-        step,
-        optim,
-        batches=batches,
-        desc=desc,
-        show_progress=show_progress,
-        evaluate=(lambda m: {"acc": mean_exact(m, val)}) if val else None,
-        seed=seed,
-        state_path=state_path,
-        resume=resume,
-        state_config={"stage": desc},
-        find_unused_parameters=True,
+    scores = (lambda m: {"acc": mean_exact(m, val)}) if val else None
+    return stage.fit(
+        model, step, optim, batches=batches, evaluate=scores, find_unused_parameters=True
     )
 
 
@@ -170,7 +159,6 @@ TRAIN_CODE = (
     "modnets.data.digits",
     training_data,
     inputs,
-    canvas_batches,
     build_model,
     logits,
     loss,
@@ -184,34 +172,30 @@ def trained_model(
     kind: str,
     config: SideBySideConfig,
     seed: int,
-    lr: float,
     data: dict | None = None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
+    options: RunOptions | None = None,
+    *,
+    lr: float,
+    **flags,
 ) -> tuple[nn.Module, dict]:
     """Model ``kind`` trained from ``seed`` at learning rate ``lr``, and its history: loaded from
-    its checkpoint or trained (:func:`harness.load_or_train`)."""
+    its checkpoint or trained (:func:`harness.load_or_train`). ``options``
+    (:class:`RunOptions`), or its fields by keyword."""
+    options = resolved(options, flags)
     t = config.train
     data = training_data(t) if data is None else data
     key = replace(t, lrs=(lr,))  # the checkpoint is of this rate alone
-
-    def fit_it(model, state_path, resume):
-        desc = f"{MODELS[kind]} (seed {seed}, lr {lr:g})"
-        return train(model, data, t.optim(lr), seed, desc, show_progress, state_path, resume)
 
     return harness.load_or_train(
         f"{NAME}-{kind}",
         key,
         seed,
         lambda: build_model(kind, t),
-        fit_it,
+        lambda model, stage: train(model, data, t.optim(lr), stage),
         code=TRAIN_CODE,
         data=harness.data_fingerprint(*_mnist_files()),
-        device=device or default_device(),
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=f"{MODELS[kind]} (seed {seed}, lr {lr:g})",
     )
 
 
@@ -230,7 +214,9 @@ def adapt(model: nn.Module, tests: dict, config: SideBySideConfig, lr: float, se
         epochs=config.few_shot_epochs, batch_size=config.few_shot_batch, lr=lr, amp=False
     )
     seed_everything(seed)
-    train(net, {"train": tests["kmnist_train"]}, optim, seed, "adapting", False)
+    train(
+        net, {"train": tests["kmnist_train"]}, optim, Stage("adapting", seed, show_progress=False)
+    )
     return mean_exact(net, tests["kmnist_test"], config.eval_batch)
 
 

@@ -7,20 +7,20 @@ Run ``python -m modnets.experiments.side_by_side --profile cpu --out results.jso
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import asdict
 
 import torch
 
 from modnets import parallel
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.experiment import Measurement
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
-from modnets.experiments.side_by_side.claims import claims, format_summary, regime_of
-from modnets.experiments.side_by_side.config import CONFIGS, MODELS, NAME, SideBySideConfig
+from modnets.experiments.side_by_side.config import (
+    MODELS,
+    SideBySideConfig,
+)
 from modnets.experiments.side_by_side.data import inputs, test_data, training_data
 from modnets.experiments.side_by_side.models import (
-    TRAIN_CODE,
     adapt,
     build_model,
     droppable,
@@ -29,8 +29,6 @@ from modnets.experiments.side_by_side.models import (
     trained_model,
 )
 from modnets.experiments.side_by_side.rates import HEAVIEST_FIRST, select_rates, train_task
-from modnets.profiles import get_profile, select
-from modnets.utils import default_device
 
 
 def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
@@ -56,17 +54,10 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
     ]
 
 
-def run(
-    config: SideBySideConfig | None = None,
-    profile: str | None = None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    workers: int | None = None,
-) -> dict:
+def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
     """Choose each model's learning rate on the selection seeds (unless ``config`` holds the
     rates a selection run recorded), train (or load) every model at every claim seed and measure
-    it; the results in the harness schema (plain JSON).
+    it.
 
     ``models[name]["per_seed"]`` holds per seed ``iid`` (mean exact-match on the trained digit
     counts), ``ood`` (on the held-out counts), ``few_shot`` (K-MNIST after adapting from a few
@@ -74,30 +65,23 @@ def run(
     half / 80 % of its modules or functions dropped, minus the full model's);
     ``models[name]["costs"]`` the parameters, FLOPs and step and inference times beside the
     CNN's, measured in this process one model after another."""
-    start = time.perf_counter()
-    profile = get_profile(profile)
-    config = select(CONFIGS, profile) if config is None else config
-    device = default_device()
     data = training_data(config.train)
-    workers = harness.workers_for(workers, profile, device)
-    train = functools.partial(train_task, config, device, resume)
+    train = functools.partial(train_task, config, options)
     with parallel.keep_workers():  # started once for the selection and the claim seeds
         if config.learning_rates is None:
-            rates = select_rates(config, data, device, workers, show_progress, cache, resume)
+            rates = select_rates(config, data, options)
         else:  # chosen by the same selection, run apart and recorded
             rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
         # the slowest models first, so that the two workers finish together
         claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
-        harness.train_ahead(train, claim_tasks, workers, cache, "models", show_progress)
+        harness.train_ahead(train, claim_tasks, options, "models")
     models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODELS.items()}
     last = {}
     for seed in config.seeds:
         tests = test_data(config, seed)
         for kind, name in MODELS.items():
             lr = rates[kind]["lr"]
-            model, history = trained_model(
-                kind, config, seed, lr, data, device, show_progress, cache, resume
-            )
+            model, history = trained_model(kind, config, seed, data, options, lr=lr)
             row = {"seed": seed, "history": history}
             row["iid"] = mean_exact(model, tests["iid"], config.eval_batch)
             row["ood"] = mean_exact(model, tests["ood"], config.eval_batch)
@@ -109,21 +93,5 @@ def run(
             last[name] = model
     for name, c in costs(last, config).items():
         models[name]["costs"] = c
-    partial = {"config": asdict(config), "models": models}
-    reg = regime_of(partial, list(models))
-    return harness.results_dict(
-        NAME,
-        profile,
-        config,
-        config.seeds,
-        models,
-        {"learning_rates": {MODELS[k]: v for k, v in rates.items()}},
-        claims(partial),
-        harness.provenance(start, TRAIN_CODE),
-        selection_seeds=config.selection_seeds,
-        regime=reg,
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv)
+    diagnostics = {"learning_rates": {MODELS[k]: v for k, v in rates.items()}}
+    return Measurement(models, diagnostics, config, config.selection_seeds)

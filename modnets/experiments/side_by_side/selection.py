@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from modnets.experiments.core import harness
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.side_by_side.config import CONFIGS, MODELS, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
@@ -32,9 +33,8 @@ def selection(profile: str | None = None, workers: int | None = None, show_progr
     device = default_device()
     workers = harness.workers_for(workers, profile, device)
     data = training_data(config.train)
-    rates = select_rates(
-        config, data, device, workers, show_progress=show_progress, cache=True, resume=False
-    )
+    options = RunOptions(device=device, workers=workers, show_progress=show_progress)
+    rates = select_rates(config, data, options)
     return {
         "profile": profile,
         "selection_seeds": list(config.selection_seeds),

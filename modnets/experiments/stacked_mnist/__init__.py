@@ -23,6 +23,7 @@ counts), ``claims`` (the paper's claims as tests) and ``run`` (the experiment an
 line).
 """
 
+from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.stacked_mnist.analysis import (
     convergence_gain,
     held_out,
@@ -32,19 +33,20 @@ from modnets.experiments.stacked_mnist.analysis import (
 )
 from modnets.experiments.stacked_mnist.claims import REGIME_FRACTION, claims, format_summary, regime
 from modnets.experiments.stacked_mnist.config import (
+    CHAPTER,
     CONFIGS,
     CPU_SPEED,
     MODELS,
     NAME,
     NFM_ONLY,
     PAPER,
+    SOURCE_PAPER,
     VAL_BATCH,
     ZERO_GRAD_AT_INIT,
     StackedMNISTConfig,
     StackedMNISTTrain,
 )
 from modnets.experiments.stacked_mnist.data import (
-    canvas_batches,
     inputs,
     load_data,
     load_test_canvases,
@@ -61,9 +63,15 @@ from modnets.experiments.stacked_mnist.models import (
     train,
     trained_model,
 )
-from modnets.experiments.stacked_mnist.run import dry_run, main, run
+from modnets.experiments.stacked_mnist.rules import RULES
+from modnets.experiments.stacked_mnist.run import dry_run, measure
 
 __all__ = [
+    "EXPERIMENT",
+    "SOURCE_PAPER",
+    "CHAPTER",
+    "RULES",
+    "measure",
     "NAME",
     "PAPER",
     "MODELS",
@@ -79,7 +87,6 @@ __all__ = [
     "load_test_canvases",
     "load_data",
     "inputs",
-    "canvas_batches",
     "build_model",
     "loss",
     "predict",
@@ -99,5 +106,8 @@ __all__ = [
     "format_summary",
     "dry_run",
     "run",
-    "main",
 ]
+
+#: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
+EXPERIMENT = Experiment.from_namespace(globals())
+run = EXPERIMENT.run

@@ -1,5 +1,6 @@
 """``python -m modnets.experiments.stacked_mnist``: see :mod:`modnets.experiments.stacked_mnist.run`."""
 
-from modnets.experiments.stacked_mnist.run import main
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.stacked_mnist import EXPERIMENT
 
-main()
+experiment_main(EXPERIMENT)

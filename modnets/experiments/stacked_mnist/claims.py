@@ -6,9 +6,9 @@ import numpy as np
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import holm, outside_regime, paired, test
-from modnets.experiments.core.rules import RULES
 from modnets.experiments.stacked_mnist.analysis import convergence_gain, held_out
 from modnets.experiments.stacked_mnist.config import PAPER
+from modnets.experiments.stacked_mnist.rules import RULES
 from modnets.utils import wrap
 
 

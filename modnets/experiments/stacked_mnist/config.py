@@ -9,6 +9,9 @@ from dataclasses import dataclass, replace
 from modnets.training import TrainConfig
 
 NAME = "stacked_mnist"
+#: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
+SOURCE_PAPER = "Neural Function Modules"
+CHAPTER = "11_neural_function_modules"
 
 #: NFM Table 5 (test accuracy %, mean and std over the paper's runs): trained on (1, 3) or (1, 5)
 #: digits per canvas, tested on 1 to 5.
@@ -140,7 +143,7 @@ class StackedMNISTTrain:
 
     def finetune_optim(self, kind: str) -> TrainConfig:
         """How ``kind`` goes on from the CNN: ``optim`` for ``finetune_epochs`` epochs, nothing
-        compiled (so few steps never repay a compilation: NFM(CNN)'s takes minutes), and
+        compiled (so few steps never repay NFM(CNN)'s compilation), and
         NFM(CNN)'s weights in the default layout (most of its step is its reads, which
         channels-last convolutions do not speed)."""
         if kind not in MODELS:
@@ -173,8 +176,8 @@ class StackedMNISTConfig:
 
     train: StackedMNISTTrain = StackedMNISTTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
-    # the seeds any setting was chosen on (none here; the cpu profile chose its schedule on
-    # seed 100); never claim seeds
+    # the seeds settings are chosen on (none here; the cpu profile's are its own); never claim
+    # seeds
     selection_seeds: tuple[int, ...] = ()
     dip_pools: tuple[str, ...] = ("max",)
     test_counts: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -207,12 +210,11 @@ CONFIGS = {
     ),
     # A quarter of App. C's width (8 -> 128 channels), 6,000 canvases per training count,
     # batches of 16 (the plain CNN without batch norm needs many steps before it starts to
-    # learn), 8 epochs of the CNN, then 1 epoch of both models from it (``finetune_epochs``). On
-    # the selection seed the CNN's validation accuracy stopped rising after 7 epochs at 90 % on
-    # one digit and 59 % on three, short of the regime (90 % of Table 5's CNN); the paper's
+    # learn), 8 epochs of the CNN, then 1 epoch of both models from it (``finetune_epochs``).
+    # The CNN stops short of the regime (90 % of Table 5's CNN) at this size, and the paper's
     # width and epochs are beyond the book's budget, so the chapter trains one claim seed, shows
-    # the mechanism and reports the shortfall, and the max-pooled CNN of the dip diagnostic is
-    # left to the gpu profile.
+    # the mechanism and reports the shortfall; the max-pooled CNN of the dip diagnostic is left
+    # to the gpu profile.
     "cpu": StackedMNISTConfig(
         StackedMNISTTrain(
             train_per_count=6_000,

@@ -6,14 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from modnets.data import data_root
 from modnets.data.digits import load_mnist
-from modnets.data.stacked_mnist import StackedMNIST, make_canvases
+from modnets.data.stacked_mnist import make_canvases
 from modnets.experiments.stacked_mnist.config import StackedMNISTConfig, StackedMNISTTrain
-from modnets.training import minibatches
 
 
 def mnist_files(root, split: str) -> list[Path]:
@@ -67,10 +65,3 @@ def inputs(images: Tensor, device, mean: float = 0.017, std: float = 0.12) -> Te
     canvases (half 1-digit, half 3-digit) on a 0..1 scale (a plain ReLU CNN without batch norm
     starts to learn much sooner on standardised inputs than on the mostly-zero 0..1 canvases)."""
     return (images.to(device).float() / 255.0 - mean) / std
-
-
-def canvas_batches(data: dict[int, StackedMNIST], batch_size: int, g: torch.Generator) -> list:
-    """One epoch's minibatches ``(count, indices)``, each of a single digit count (App. C): every
-    count's canvases shuffled by ``g`` and cut into batches. The order in which the batches are
-    taken is drawn separately (by the training loop)."""
-    return [(c, idx) for c, ds in data.items() for idx in minibatches(len(ds), batch_size, g)]

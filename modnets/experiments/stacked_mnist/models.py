@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from modnets import distributed
 from modnets.data.stacked_mnist import StackedMNIST
 from modnets.experiments.core import harness
-from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.core.harness import Stage, load_or_train
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.stacked_mnist.config import (
     MODELS,
     NAME,
@@ -24,14 +25,13 @@ from modnets.experiments.stacked_mnist.config import (
     StackedMNISTTrain,
 )
 from modnets.experiments.stacked_mnist.data import (
-    canvas_batches,
     inputs,
     mnist_files,
     training_data,
 )
 from modnets.models.nfm import ConvNet
-from modnets.training import TrainConfig, autocast, fit
-from modnets.utils import default_device, seed_everything
+from modnets.training import TrainConfig, autocast, group_batches
+from modnets.utils import seed_everything
 
 
 def build_model(kind: str, train: StackedMNISTTrain, seed: int | None = None) -> ConvNet:
@@ -80,14 +80,11 @@ def train(
     model: nn.Module,
     data: dict,
     optim: TrainConfig,
-    seed: int = 0,
-    desc: str = "training",
-    show_progress: bool = True,
-    state_path=None,
-    resume: bool = False,
+    stage: Stage,
 ) -> dict:
-    """Train with :func:`modnets.training.fit`: batches of one digit count (each count's
-    canvases shuffled anew every epoch from ``seed`` and the epoch; the order of the batches is
+    """Train with :func:`modnets.training.fit` as ``stage`` says: batches of one digit count
+    (each count's canvases shuffled anew every epoch from the stage's seed and the epoch; the
+    order of the batches is
     drawn by the resumable loop), the binary cross-entropy (:func:`loss`), the validation
     accuracy after each epoch and the best epoch's weights restored at the end (``optim.best``).
     ``data`` holds ``"train"`` and ``"val"`` (:func:`training_data`)."""
@@ -95,8 +92,8 @@ def train(
     train_sets, val_sets = data["train"], data["val"]
 
     def batches(epoch: int) -> list:
-        g = torch.Generator().manual_seed(1_000_003 * seed + epoch)
-        return canvas_batches(train_sets, optim.batch_size, g)
+        g = torch.Generator().manual_seed(1_000_003 * stage.seed + epoch)
+        return group_batches(train_sets, optim.batch_size, g)
 
     def step(net, batch):
         c, idx = batch
@@ -108,20 +105,7 @@ def train(
         nfm = m.nfm if isinstance(m, ConvNet) else None
         return {"acc": _val_accuracy(m, val_sets), **({"gamma": nfm.gammas()} if nfm else {})}
 
-    return fit(
-        model,
-        step,
-        optim,
-        batches=batches,
-        desc=desc,
-        show_progress=show_progress,
-        evaluate=val,
-        seed=seed,
-        state_path=state_path,
-        resume=resume,
-        state_config={"stage": desc},
-        find_unused_parameters=True,
-    )
+    return stage.fit(model, step, optim, batches=batches, evaluate=val, find_unused_parameters=True)
 
 
 #: What the trained models depend on, besides the configuration (see ``harness.code_fingerprint``).
@@ -134,7 +118,6 @@ TRAIN_CODE = (
     training_data,
     inputs,
     build_model,
-    canvas_batches,
     loss,
     predict,
     evaluate,
@@ -148,32 +131,23 @@ def trained_model(
     config: StackedMNISTConfig,
     seed: int,
     data: dict | None = None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    verify: bool = True,
+    options: RunOptions | None = None,
+    **flags,
 ) -> tuple[ConvNet, dict]:
     """``kind`` ("cnn" or "nfm") trained from ``seed``, and its history: loaded from its
     checkpoint or trained (:func:`harness.load_or_train`). ``data`` holds the training and
-    validation canvases (:func:`training_data`; loaded when not given).
+    validation canvases (:func:`training_data`; loaded when not given). ``options``
+    (:class:`RunOptions`), or its fields by keyword.
 
     With ``finetune_epochs`` (see :class:`StackedMNISTTrain`) the CNN is first trained for
     ``optim.epochs`` (its own checkpoint, shared by both kinds), then ``kind`` goes on from it;
     the pretraining's history is kept in the returned history as ``"pretrain"``."""
     if kind not in MODELS:
         raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+    options = resolved(options, flags)
     t = config.train
-    data = training_data(t, root, verify) if data is None else data
-    device = device or default_device()
-    fingerprint = harness.data_fingerprint(*mnist_files(root, "train"))
-
-    def fit_with(optim: TrainConfig, desc: str):
-        def fit_it(model, state_path, resume):
-            return train(model, data, optim, seed, desc, show_progress, state_path, resume)
-
-        return fit_it
+    data = training_data(t, options.root, options.verify) if data is None else data
+    fingerprint = harness.data_fingerprint(*mnist_files(options.root, "train"))
 
     if not t.finetune_epochs:
         return load_or_train(
@@ -181,15 +155,13 @@ def trained_model(
             t,
             seed,
             lambda: build_model(kind, t),
-            fit_with(t.optim, f"{MODELS[kind]} (seed {seed})"),
+            lambda model, stage: train(model, data, t.optim, stage),
             code=TRAIN_CODE,
             data=fingerprint,
-            device=device,
-            cache=cache,
-            resume=resume,
+            options=options,
+            desc=f"{MODELS[kind]} (seed {seed})",
         )
-    args = (data, device, show_progress, cache, resume, root, verify)
-    cnn, pre_hist = pretrained_cnn(config, seed, *args)
+    cnn, pre_hist = pretrained_cnn(config, seed, data, options)
     weights = {k: v.detach().clone() for k, v in cnn.state_dict().items()}
 
     def build() -> ConvNet:
@@ -203,12 +175,11 @@ def trained_model(
         t,
         seed,
         build,
-        fit_with(optim, f"{MODELS[kind]}, finetuning (seed {seed})"),
+        lambda model, stage: train(model, data, optim, stage),
         code=TRAIN_CODE,
         data=fingerprint,
-        device=device,
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=f"{MODELS[kind]}, finetuning (seed {seed})",
     )
     return model, {**hist, "pretrain": pre_hist}
 
@@ -217,35 +188,25 @@ def pretrained_cnn(
     config: StackedMNISTConfig,
     seed: int,
     data: dict | None = None,
-    device=None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    verify: bool = True,
+    options: RunOptions | None = None,
+    **flags,
 ) -> tuple[ConvNet, dict]:
     """The CNN that both kinds go on from when ``finetune_epochs`` is set, and its history:
     trained for ``optim.epochs``, keyed without what only the finetuning uses."""
+    options = resolved(options, flags)
     t = config.train
-    data = training_data(t, root, verify) if data is None else data
+    data = training_data(t, options.root, options.verify) if data is None else data
     pre_t = replace(t, finetune_epochs=0, **{f: getattr(StackedMNISTTrain, f) for f in NFM_ONLY})
-
-    def fit_it(model, state_path, resume):
-        desc = f"CNN (seed {seed})"
-        return train(model, data, t.optim, seed, desc, show_progress, state_path, resume)
-
-    fingerprint = harness.data_fingerprint(*mnist_files(root, "train"))
+    fingerprint = harness.data_fingerprint(*mnist_files(options.root, "train"))
     build = functools.partial(build_model, "cnn", pre_t)
-    device = device or default_device()
     return load_or_train(
         f"{NAME}-cnn",
         pre_t,
         seed,
         build,
-        fit_it,
+        lambda model, stage: train(model, data, t.optim, stage),
         code=TRAIN_CODE,
         data=fingerprint,
-        device=device,
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=f"CNN (seed {seed})",
     )

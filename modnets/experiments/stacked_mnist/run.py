@@ -7,30 +7,30 @@ Run ``python -m modnets.experiments.stacked_mnist --profile cpu --out results.js
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
-from modnets import distributed, parallel
+from modnets import parallel
 from modnets.data.stacked_mnist import CANVAS_SIZE
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.experiment import Measurement
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.experiments.stacked_mnist.analysis import held_out, ood_dips, read_matrix, traced_reads
-from modnets.experiments.stacked_mnist.claims import _convergence, claims, format_summary, regime
-from modnets.experiments.stacked_mnist.config import CONFIGS, MODELS, NAME, StackedMNISTConfig
+from modnets.experiments.stacked_mnist.claims import _convergence
+from modnets.experiments.stacked_mnist.config import (
+    MODELS,
+    StackedMNISTConfig,
+)
 from modnets.experiments.stacked_mnist.data import inputs, load_test_canvases, training_data
 from modnets.experiments.stacked_mnist.models import (
-    TRAIN_CODE,
     build_model,
     evaluate,
     loss,
     pretrained_cnn,
     trained_model,
 )
-from modnets.profiles import get_profile, select
-from modnets.utils import default_device
 
 
 def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
@@ -61,17 +61,16 @@ def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
     ]
 
 
-def _train_task(
-    config: StackedMNISTConfig, device, resume: bool, root, verify: bool, task: tuple
-) -> None:
-    """Train (into checkpoints) what :func:`run`'s loop loads for ``task = (seed, pool, kind)``:
-    ``kind`` ("cnn", "nfm", or "pretrain": the CNN both go on from) with the head ``pool``."""
+def _train_task(config: StackedMNISTConfig, options: RunOptions, task: tuple) -> None:
+    """Train (into checkpoints) what :func:`measure`'s loop loads for ``task = (seed, pool,
+    kind)``: ``kind`` ("cnn", "nfm", or "pretrain": the CNN both go on from) with the head
+    ``pool``."""
     seed, pool, kind = task
     config = replace(config, train=replace(config.train, pool=pool))
     if kind == "pretrain":
-        pretrained_cnn(config, seed, None, device, False, True, resume, root, verify)
+        pretrained_cnn(config, seed, options=options.quiet())
     else:
-        trained_model(kind, config, seed, None, device, False, True, resume, root, verify)
+        trained_model(kind, config, seed, options=options.quiet())
 
 
 def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
@@ -87,35 +86,21 @@ def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
     return [[(seed, pool, "pretrain") for seed, pool in heads], models]
 
 
-def run(
-    config: StackedMNISTConfig | None = None,
-    profile: str | None = None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    verify: bool = True,
-    workers: int | None = None,
-) -> dict:
-    """Train (or load) both models at every seed and test them on every digit count; the
-    results in the harness schema (plain JSON).
+def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
+    """Train (or load) both models at every seed and test them on every digit count.
 
     ``models[name]["per_seed"]`` holds each seed's test accuracy per count (``exact``,
     ``label``), history and parameter count; ``models[name]["test"][count]["exact"]`` the
     accuracy summarised over seeds. ``diagnostics["per_seed"]`` holds the NFM reads (traced and
     as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
-    ``workers``: the processes the models train in (:func:`harness.workers_for`).
+    The models train in ``options.workers`` processes.
     """
-    start = time.perf_counter()
-    profile = get_profile(profile)
-    config = select(CONFIGS, profile) if config is None else config
-    device = distributed.local_device() if distributed.is_distributed() else default_device()
+    workers, root, verify = options.workers, options.root, options.verify
     data = training_data(config.train, root, verify)
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODELS.values()}
     diag_per_seed = []
-    workers = harness.workers_for(workers, profile, device)
-    train = functools.partial(_train_task, config, device, resume, root, verify)
+    train = functools.partial(_train_task, config, options)
     rounds = _tasks(config)
     with parallel.keep_workers():  # started once for all the rounds
         for i, tasks in enumerate(rounds):
@@ -123,21 +108,17 @@ def run(
             # core idle most of the round; the rest train here, with every thread
             for kind in dict.fromkeys(t[2] for t in tasks):
                 same = [t for t in tasks if t[2] == kind]
-                harness.train_ahead(train, same, workers, cache, "models", show_progress, True)
+                harness.train_ahead(train, same, options, "models", whole_rounds=True)
                 # the next round goes on from these: the leftover (a lone pretraining) here
-                if cache and workers > 1 and i < len(rounds) - 1:
+                if options.cache and workers > 1 and i < len(rounds) - 1:
                     for seed, pool, _ in same[len(same) - len(same) % workers :]:
                         head = replace(config, train=replace(config.train, pool=pool))
-                        pretrained_cnn(
-                            head, seed, data, device, show_progress, True, resume, root, verify
-                        )
+                        pretrained_cnn(head, seed, data, options)
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
         for kind, name in MODELS.items():
-            model, history = trained_model(
-                kind, config, seed, data, device, show_progress, cache, resume, root, verify
-            )
+            model, history = trained_model(kind, config, seed, data, options)
             test = {c: evaluate(model, ds, config.eval_batch) for c, ds in tests.items()}
             models[name]["per_seed"].append(
                 {
@@ -163,9 +144,7 @@ def run(
         }
         for pool in config.dip_pools:
             other = replace(config, train=replace(config.train, pool=pool))
-            model, history = trained_model(
-                "cnn", other, seed, data, device, show_progress, cache, resume, root, verify
-            )
+            model, history = trained_model("cnn", other, seed, data, options)
             test = {c: evaluate(model, ds, config.eval_batch)["exact"] for c, ds in tests.items()}
             diag["heads"][pool] = {
                 "test": test,
@@ -174,20 +153,7 @@ def run(
             }
         diag_per_seed.append(diag)
     diags = _summarise(models, diag_per_seed, config)
-    partial = {"config": asdict(config), "models": models}
-    partial["regime"] = regime(partial)
-    return harness.results_dict(
-        NAME,
-        profile,
-        config,
-        config.seeds,
-        models,
-        diags,
-        claims(partial),
-        harness.provenance(start, TRAIN_CODE),
-        selection_seeds=config.selection_seeds,
-        regime=partial["regime"],
-    )
+    return Measurement(models, diags, config, config.selection_seeds)
 
 
 def _nfm_reads(model, tests: dict, config: StackedMNISTConfig) -> dict:
@@ -231,7 +197,3 @@ def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConf
         for pool in first["heads"]
     }
     return {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
-
-
-def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv)

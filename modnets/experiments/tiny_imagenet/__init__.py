@@ -26,6 +26,7 @@ circuit's diagnostics), ``claims`` (the paper's claims as tests) and ``run`` (th
 its command line).
 """
 
+from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.tiny_imagenet.analysis import (
     drop_curve,
     edge_curve,
@@ -50,6 +51,7 @@ from modnets.experiments.tiny_imagenet.claims import (
     regime,
 )
 from modnets.experiments.tiny_imagenet.config import (
+    CHAPTER,
     CONFIGS,
     CPU_CIRCUIT_LR,
     CPU_EPOCHS,
@@ -61,6 +63,7 @@ from modnets.experiments.tiny_imagenet.config import (
     GPU_NAC,
     NAME,
     PAPER,
+    SOURCE_PAPER,
     TRAIN_EVAL_BATCH,
     TinyImageNetConfig,
     TinyImageNetTrain,
@@ -77,17 +80,22 @@ from modnets.experiments.tiny_imagenet.models import (
     train,
     trained_model,
 )
+from modnets.experiments.tiny_imagenet.rules import RULES
 from modnets.experiments.tiny_imagenet.run import (
     dry_run,
     fit_to_gpu,
-    main,
+    measure,
     model_task,
     readings,
-    run,
     train_task,
 )
 
 __all__ = [
+    "EXPERIMENT",
+    "SOURCE_PAPER",
+    "CHAPTER",
+    "RULES",
+    "measure",
     "train_task",
     "model_task",
     "readings",
@@ -139,5 +147,8 @@ __all__ = [
     "dry_run",
     "fit_to_gpu",
     "run",
-    "main",
 ]
+
+#: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
+EXPERIMENT = Experiment.from_namespace(globals())
+run = EXPERIMENT.run

@@ -1,5 +1,6 @@
 """``python -m modnets.experiments.tiny_imagenet``: see :mod:`modnets.experiments.tiny_imagenet.run`."""
 
-from modnets.experiments.tiny_imagenet.run import main
+from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.tiny_imagenet import EXPERIMENT
 
-main()
+experiment_main(EXPERIMENT)

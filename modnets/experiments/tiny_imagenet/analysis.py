@@ -95,7 +95,7 @@ def drop_curve(
     through :func:`modnets.pruning.drop_curve` (random orders: the mean over ``draws``).
     ``score``: ``model``'s :func:`scorer`, to share its tokens with other curves."""
     score = scorer(model, data, batch_size) if score is None else score
-    return pruning.drop_curve(model, score, fractions, order, draws, seed)
+    return pruning.drop_curve(model, score, fractions, order, draws=draws, seed=seed)
 
 
 def edge_curve(
@@ -140,7 +140,13 @@ def gflops_per_sample(model: nn.Module, batch: int = 4) -> float:
 
 
 def speed_curve(
-    model: nn.Module, fractions, batch: int, repeats: int, seed: int = 0, seconds: float = 0.2
+    model: nn.Module,
+    fractions,
+    batch: int,
+    repeats: int,
+    *,
+    seed: int = 0,
+    seconds: float = 0.2,
 ) -> list[dict]:
     """Throughput (:func:`throughput`) and GFLOPs per sample with each fraction dropped (Fig. 5b,
     Fig. 15); the order does not matter: every order leaves a model of the same size."""

@@ -8,10 +8,10 @@ import numpy as np
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import holm, outside_regime, paired, test, untestable
-from modnets.experiments.core.rules import RULES
 from modnets.experiments.core.stats import fmt, per_seed, seed_stats
 from modnets.experiments.tiny_imagenet.analysis import point_at
 from modnets.experiments.tiny_imagenet.config import DROP_AT, PAPER
+from modnets.experiments.tiny_imagenet.rules import RULES
 from modnets.utils import wrap
 
 

@@ -11,6 +11,9 @@ from modnets.nn.tokens import ConvTokenizer
 from modnets.training import TrainConfig
 
 NAME = "tiny_imagenet"
+#: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
+SOURCE_PAPER = "Neural Attentive Circuits"
+CHAPTER = "10_tiny_imagenet_pruning"
 
 DROP_AT = 0.8  # the fraction of modules dropped that Figs. 5a, 5b and 15 are tested at
 
@@ -111,8 +114,8 @@ class TinyImageNetConfig:
 
     train: TinyImageNetTrain = TinyImageNetTrain()
     seeds: tuple[int, ...] = (0, 1, 2)
-    # the seeds any setting was chosen on here (none: the sizes and rates come from pilot runs
-    # recorded in chapter 13's rule-change log); never claim seeds
+    # the seeds settings are chosen on (none declared here: chapter 13's rule-change log says how
+    # the sizes and rates came about); never claim seeds
     selection_seeds: tuple[int, ...] = ()
     priors: tuple[str, ...] = ("scale_free",)
     drop_fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -126,33 +129,26 @@ class TinyImageNetConfig:
 
 #: The public NAC code's module roles at Table 4's sizes: 64 read-in modules and 256 mediators
 #: (80 % of 320 is exactly the mediators), and the straight-through gradient through truncated
-#: links that chapter 7 measured to meet the graph prior better (our option, not the public code's).
+#: links, which meets the graph prior better (chapter 7; our option, not the public code's).
 GPU_NAC = {"num_read_in": 64, "straight_through": True}
 
 #: cpu: the same kernel, but no read-in modules: every processor module reads the input and is a
-#: mediator, so dropping 80 % of the modules also drops read-in capacity (the harsher reading).
-#: Measured with 16 read-in modules of 64 (a fifth, as 64 of 320) after 3 epochs: dropping 80 %
-#: of the mediators cost at most 0.3 points in any order, also with the read-out reading the
-#: mediators only -- a 2-layer circuit on a short schedule routes around its mediators, and no
-#: order can matter. No DropPath (a 0.1 stochastic depth slows a short run and Perceiver IO has
-#: none); LayerScale, code noise, noisy initial states and per-example kernels as the public
-#: code. Those three regularisers are meant for 400 epochs and cost a 10-epoch run accuracy
-#: (chapter 10's implementation notes); they stay: that comparison was on the validation images, the
-#: test set here.
+#: mediator, so dropping 80 % of the modules also drops read-in capacity (the harsher reading;
+#: why: the book's engineering notes). No DropPath (stochastic depth slows a short run, and
+#: Perceiver IO has none); LayerScale, code noise, noisy initial states and per-example kernels
+#: as the public code.
 CPU_NAC = {"num_read_in": 0, "straight_through": True, "drop_path": 0.0}
 
-#: cpu: the signatures and bandwidth learn at 1e-2 (the rest at 1e-3): measured over 3 epochs,
-#: mean off-diagonal P moves from 0.15 to 0.135 at 1e-3 and to 0.036 at 1e-2 (the scale-free
-#: prior's density at 64 modules is ~0.03); the paper's ~39,000 steps give the wiring time that
-#: the cpu profile's few hundred do not.
+#: cpu: the signatures and bandwidth learn at 1e-2 (the rest at 1e-3), so that the circuit's
+#: wiring reaches the prior's density within a few hundred steps, where the paper has ~39,000
+#: (the book's engineering notes).
 CPU_CIRCUIT_LR = 1e-2
 
-#: cpu: four seeds of 4 epochs cost what three of 5 do and give a narrower interval
+#: cpu: four short seeds rather than three longer ones: a narrower interval for the same budget
 CPU_EPOCHS = 4
 
-#: cpu: the optimiser fused, nothing compiled: in a single-threaded seed worker the NAC's compiled
-#: step is no faster than its eager one (book/setup.md), so its warm-up would never pay, and
-#: Perceiver IO's compiled step was no faster either
+#: cpu: the optimiser fused, nothing compiled: in a single-threaded seed worker a compilation's
+#: warm-up is not repaid (the book's engineering notes)
 CPU_SPEED = dict(fused=True)
 
 CONFIGS = {
@@ -214,11 +210,9 @@ CONFIGS = {
         drop_fractions=(0.0, 0.2, 0.4, 0.6, 0.8, 0.9),
         throughput_repeats=3,
     ),
-    # Mixing: Table 4 names a "standard" pipeline with MixUp and CutMix but gives no values. This
-    # config carried mixup=0.8, cutmix=1.0, the timm/DeiT Beta parameters (where every batch is
-    # mixed, MixUp or CutMix half the time each); TinyImageNetAugment takes the probability of
-    # each, and refuses 0.8 + 1.0 > 1 (the gpu dry run found that training could not start), so
-    # every batch is mixed here, half the time with each.
+    # Mixing: Table 4 names a "standard" pipeline with MixUp and CutMix but gives no values: every
+    # batch is mixed, half the time with each, as timm / DeiT mix (TinyImageNetAugment takes the
+    # probability of each).
     "gpu": TinyImageNetConfig(
         TinyImageNetTrain(mixup=0.5, cutmix=0.5, nac=GPU_NAC),
         priors=("scale_free", "planted_partition", "ring_of_cliques", "erdos_renyi"),

@@ -55,10 +55,10 @@ def load_data(train: TinyImageNetTrain, root=None) -> Data:
     )
     val = load_tiny_imagenet("val", train.classes, root, max_per_class=train.max_val_per_class)
     return Data(
-        tr.images,
-        tr.labels,
-        val.images,
-        val.labels,
-        tr.class_names,
-        harness.data_fingerprint(*data_files(train, root)),
+        x_train=tr.images,
+        y_train=tr.labels,
+        x_val=val.images,
+        y_val=val.labels,
+        class_names=tr.class_names,
+        fingerprint=harness.data_fingerprint(*data_files(train, root)),
     )

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.data.tiny_imagenet import TinyImageNetAugment, normalize
-from modnets.experiments.core.harness import load_or_train
+from modnets.experiments.core.harness import Stage, load_or_train
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.tiny_imagenet.config import (
     NAME,
     TRAIN_EVAL_BATCH,
@@ -23,8 +23,7 @@ from modnets.experiments.tiny_imagenet.data import Data, load_data
 from modnets.models.baselines import PerceiverIO
 from modnets.models.nac import NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
-from modnets.training import TrainConfig, autocast, fit
-from modnets.utils import default_device
+from modnets.training import TrainConfig, autocast
 
 
 def build_model(kind: str, train: TinyImageNetTrain, prior: str | None = "scale_free") -> nn.Module:
@@ -51,13 +50,11 @@ def _full_precision(device: torch.device):
 
 
 def graph_penalty(model: nn.Module) -> Tensor | None:
-    """The NAC's graph-prior regulariser, NAC eq. 6 as a mean over ordered pairs (None without
-    one); with ``NACConfig.prior_loss="public"``, the public code's loss as it is (already a mean)."""
+    """The NAC's graph-prior regulariser in float32, NAC eq. 6 as a mean over ordered pairs
+    (:meth:`NeuralAttentiveCircuit.graph_loss`; None without a prior)."""
     if isinstance(model, NeuralAttentiveCircuit) and model.graph_prior is not None:
-        U = model.config.num_processors
-        pairs = 1 if model.config.prior_loss == "public" else U * (U - 1)
         with _full_precision(model.read_out.head.weight.device):
-            return model.graph_loss() / pairs
+            return model.graph_loss(reduction="mean")
     return None
 
 
@@ -107,29 +104,20 @@ def train(
     data: Data,
     train: TinyImageNetTrain,
     config: TrainConfig,
-    seed: int = 0,
-    desc: str = "training",
-    show_progress: bool = True,
-    state_path: str | Path | None = None,
-    resume: bool = False,
+    stage: Stage,
 ) -> dict:
     """Train ``model`` with :func:`modnets.training.fit` (``config``: optimiser, schedule,
     clipping; the model's own weight-decay groups) and :func:`make_step`; validation top-1 and
-    top-5 after each epoch. With ``state_path`` the training state is saved there (every
-    ``config.save_every`` steps, at the end and on Ctrl-C) and ``resume`` continues from it,
-    ending bit for bit where an uninterrupted run ends (on CPU)."""
-    return fit(
+    top-5 after each epoch. With ``stage.state_path`` the training state is saved there (every
+    ``config.save_every`` steps, at the end and on Ctrl-C) and ``stage.resume`` continues from
+    it, ending bit for bit where an uninterrupted run ends (on CPU)."""
+    return stage.fit(
         model,
         make_step(model, data, train),
         config,
         n=len(data.x_train),
         evaluate=lambda m: evaluate(m, data.x_val, data.y_val, TRAIN_EVAL_BATCH),
         param_groups=_groups(model, config, train),
-        desc=desc,
-        show_progress=show_progress,
-        state_path=state_path,
-        resume=resume,
-        seed=seed,
         state_config={"train": asdict(train), "fit": asdict(config)},
     )
 
@@ -176,45 +164,30 @@ def trained_model(
     config: TinyImageNetConfig | TinyImageNetTrain,
     seed: int,
     data: Data | None = None,
-    device=None,
+    options: RunOptions | None = None,
+    *,
     prior: str | None = "scale_free",
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
+    **flags,
 ) -> tuple[nn.Module, dict]:
     """``(model, history)``: the ``kind`` model ("nac" with ``prior``, or "pio") trained from
-    ``seed``, loaded from its checkpoint or trained and saved (:func:`harness.load_or_train`)."""
+    ``seed``, loaded from its checkpoint or trained and saved (:func:`harness.load_or_train`).
+    ``options`` (:class:`RunOptions`), or its fields by keyword."""
+    options = resolved(options, flags)
     t = config.train if isinstance(config, TinyImageNetConfig) else config
-    data = load_data(t, root) if data is None else data
-    device = device or default_device()
+    data = load_data(t, options.root) if data is None else data
     prior = None if kind == "pio" else prior
     label = model_name(kind, prior)
     name = f"{NAME}-pio" if kind == "pio" else f"{NAME}-nac-{prior}"
     t.train_config(kind)  # checks kind
-
-    def fit_model(model, state_path, resume):
-        return train(
-            model,
-            data,
-            t,
-            t.train_config(kind),
-            seed,
-            f"training {label} (seed {seed})",
-            show_progress,
-            state_path,
-            resume,
-        )
 
     return load_or_train(
         name,
         t,
         seed,
         lambda: build_model(kind, t, prior),
-        fit_model,
+        lambda model, stage: train(model, data, t, t.train_config(kind), stage),
         code=TRAIN_CODE,
         data=data.fingerprint,
-        device=device,
-        cache=cache,
-        resume=resume,
+        options=options,
+        desc=f"training {label} (seed {seed})",
     )

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import torch
 
-from modnets import distributed
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import experiment_main
+from modnets.experiments.core.experiment import Measurement
+from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.experiments.tiny_imagenet.analysis import (
     drop_curve,
@@ -26,13 +26,9 @@ from modnets.experiments.tiny_imagenet.analysis import (
     speed_curve,
 )
 from modnets.experiments.tiny_imagenet.claims import (
-    claims,
     dropping_matters,
-    format_summary,
-    regime,
 )
 from modnets.experiments.tiny_imagenet.config import (
-    CONFIGS,
     DROP_AT,
     EDGES_AT,
     NAME,
@@ -40,14 +36,12 @@ from modnets.experiments.tiny_imagenet.config import (
 )
 from modnets.experiments.tiny_imagenet.data import Data, load_data
 from modnets.experiments.tiny_imagenet.models import (
-    TRAIN_CODE,
     build_model,
     make_step,
     model_name,
     trained_model,
 )
-from modnets.profiles import get_profile, select
-from modnets.utils import default_device, seed_everything
+from modnets.utils import seed_everything
 
 
 def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
@@ -57,7 +51,8 @@ def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
     t = config.train
     x = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8)
     y = torch.arange(4) % t.num_classes
-    data = Data(x, y, x, y, [str(c) for c in range(t.num_classes)], "random")
+    names = [str(c) for c in range(t.num_classes)]
+    data = Data(x_train=x, y_train=y, x_val=x, y_val=y, class_names=names, fingerprint="random")
     parts = []
     for kind, prior in [("pio", None)] + [("nac", p) for p in config.priors]:
         model = build_model(kind, t, prior)
@@ -99,24 +94,24 @@ def fit_to_gpu(config: TinyImageNetConfig, device, memory_bytes: float | None = 
     return replace(config, train=t)
 
 
-def train_task(config: TinyImageNetConfig, device, resume: bool, root, task: tuple) -> None:
-    """Train (into its checkpoint) the model of ``task = (seed, kind, prior)``: :func:`run`'s
+def train_task(config: TinyImageNetConfig, options: RunOptions, task: tuple) -> None:
+    """Train (into its checkpoint) the model of ``task = (seed, kind, prior)``: :func:`measure`'s
     loop, ahead of it in a worker process."""
     seed, kind, prior = task
-    trained_model(kind, config, seed, None, device, prior, False, True, resume, root)
+    trained_model(kind, config, seed, prior=prior, options=options.quiet())
 
 
-def model_task(config: TinyImageNetConfig, device, resume: bool, root, task: tuple) -> tuple:
+def model_task(config: TinyImageNetConfig, options: RunOptions, task: tuple) -> tuple:
     """Train (into its checkpoint) and read the model of ``task = (seed, kind, prior)``: its
-    :func:`readings`, ahead of :func:`run`'s loop in a worker process."""
+    :func:`readings`, ahead of :func:`measure`'s loop in a worker process."""
     seed, kind, prior = task
-    data = load_data(config.train, root)
-    model, _ = trained_model(kind, config, seed, data, device, prior, False, True, resume, root)
-    return readings(model, kind, prior, data, config, seed, device)
+    data = load_data(config.train, options.root)
+    model, _ = trained_model(kind, config, seed, data, prior=prior, options=options.quiet())
+    return readings(model, data, config, kind=kind, prior=prior, seed=seed, device=options.device)
 
 
 def readings(
-    model, kind: str, prior, data: Data, config: TinyImageNetConfig, seed: int, device
+    model, data: Data, config: TinyImageNetConfig, *, kind: str, prior, seed: int, device
 ) -> tuple[dict, dict | None]:
     """``(readings, diagnostics)`` of a trained model: top-1 and top-5, the drop curves (a NAC in
     three orders, Perceiver IO in a random one), a NAC's edge curve and circuit diagnostics
@@ -143,15 +138,7 @@ def readings(
     return r, {"seed": seed, **nac_diagnostics(model, initial, data, config.eval_batch)}
 
 
-def run(
-    config: TinyImageNetConfig | None = None,
-    profile: str | None = None,
-    show_progress: bool = True,
-    cache: bool = True,
-    resume: bool = False,
-    root=None,
-    workers: int | None = None,
-) -> dict:
+def measure(config: TinyImageNetConfig, options: RunOptions) -> Measurement:
     """Train (or load) every model at every seed and run every analysis; the results in the
     harness schema (plain JSON).
 
@@ -159,31 +146,24 @@ def run(
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
     ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
     The drop curves always include 0 and 0.8, the edge curves 0 and 0.9 (the claims need them).
-    ``workers``: the processes the models train in (:func:`harness.workers_for`), each model's
-    :func:`readings` taken where it trained; the throughput is timed in this process alone.
+    The models train in ``options.workers`` processes, each model's :func:`readings` taken where
+    it trained; the throughput is timed in this process alone.
     """
-    start = time.perf_counter()
-    profile = get_profile(profile)
-    config = select(CONFIGS, profile) if config is None else config
-    device = distributed.local_device() if distributed.is_distributed() else default_device()
-    config = fit_to_gpu(config, device)
-    data = load_data(config.train, root)
+    config = fit_to_gpu(config, options.device)
+    data = load_data(config.train, options.root)
     runs = [("pio", None)] + [("nac", p) for p in config.priors]
     models = {model_name(k, p): {"kind": k, "prior": p, "per_seed": []} for k, p in runs}
     diag = {model_name("nac", p): [] for p in config.priors}
     # the NACs (the longest) first, so that the workers finish together
     tasks = [(seed, kind, prior) for kind, prior in runs[::-1] for seed in config.seeds]
-    workers = harness.workers_for(workers, profile, device)
-    task = functools.partial(model_task, config, device, resume, root)
-    ahead = harness.train_ahead(task, tasks, workers, cache, "models", show_progress)
+    task = functools.partial(model_task, config, options)
+    ahead = harness.train_ahead(task, tasks, options, "models")
     ahead = {} if ahead is None else dict(zip(tasks, ahead, strict=True))
     for seed in config.seeds:
         for kind, prior in runs:
             name = model_name(kind, prior)
             t0 = time.perf_counter()
-            model, history = trained_model(
-                kind, config, seed, data, device, prior, show_progress, cache, resume
-            )
+            model, history = trained_model(kind, config, seed, data, prior=prior, options=options)
             r = {
                 "seed": seed,
                 "parameters": sum(p.numel() for p in model.parameters()),
@@ -192,31 +172,15 @@ def run(
             }
             read = ahead.get((seed, kind, prior))
             if read is None:
-                read = readings(model, kind, prior, data, config, seed, device)
+                where = {"kind": kind, "prior": prior, "seed": seed, "device": options.device}
+                read = readings(model, data, config, **where)
             r.update(read[0])
             if read[1] is not None:
                 diag[name].append(read[1])
             _speed_readings(r, model, config, seed)
             models[name]["per_seed"].append(r)
     _summarise(models, diag)
-    partial = {
-        "models": models,
-        "config": {"train": {"classes": config.train.classes}},
-        "diagnostics": diag,
-    }
-    partial["regime"] = regime(partial)
-    return harness.results_dict(
-        NAME,
-        profile,
-        config,
-        config.seeds,
-        models,
-        diag,
-        claims(partial),
-        harness.provenance(start, TRAIN_CODE),
-        selection_seeds=config.selection_seeds,
-        regime=partial["regime"],
-    )
+    return Measurement(models, diag, config, config.selection_seeds)
 
 
 def _speed_readings(r: dict, model, config: TinyImageNetConfig, seed: int) -> None:
@@ -227,8 +191,8 @@ def _speed_readings(r: dict, model, config: TinyImageNetConfig, seed: int) -> No
         [d["fraction"] for d in r["drop"]],
         config.throughput_batch,
         config.throughput_repeats,
-        seed,
-        config.throughput_seconds,
+        seed=seed,
+        seconds=config.throughput_seconds,
     )
     full = point_at(r["drop"], 0.0)["top1"]
     for key, suffix in (("drop", ""), ("drop_random", "_random"), ("drop_most", "_most")):
@@ -259,7 +223,3 @@ def _summarise(models: dict, diag: dict) -> None:
     for name in diag:  # the mechanism the dropping claims rely on: a diagnostic, not a gate
         holds, reason = dropping_matters(models[name]["per_seed"])
         models[name]["dropping_matters"] = {"holds": holds, "reason": reason}
-
-
-def main(argv: list[str] | None = None) -> None:
-    experiment_main(run, format_summary, __doc__, argv)

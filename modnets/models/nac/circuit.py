@@ -42,6 +42,10 @@ def mediators_only(design: CircuitDesign, R: int) -> CircuitDesign:
     )
 
 
+#: How :meth:`NeuralAttentiveCircuit.graph_loss` reduces NAC eq. 6 over the pairs of modules.
+GRAPH_REDUCTIONS = ("sum", "mean")
+
+
 class NeuralAttentiveCircuit(nn.Module):
     """A Neural Attentive Circuit (NAC §2): generator + read-in + ``L`` propagators + read-out.
 
@@ -75,10 +79,10 @@ class NeuralAttentiveCircuit(nn.Module):
             c.dim,
             c.input_dim,
             c.code_dim,
-            c.read_in_heads,
-            c.ffn_hidden,
-            c.activation,
-            modfc_alpha(c),
+            num_heads=c.read_in_heads,
+            ffn_hidden=c.ffn_hidden,
+            activation=c.activation,
+            alpha=modfc_alpha(c),
         )
         if c.share_layers:
             shared = Propagator(c, self.bandwidth)
@@ -215,17 +219,27 @@ class NeuralAttentiveCircuit(nn.Module):
         return mask.to(self.read_out.head.weight.device)
 
     # -- the graph prior (App. A) -----------------------------------------------------------------
-    def graph_loss(self) -> Tensor:
+    def graph_loss(self, reduction: str = "sum") -> Tensor:
         """NAC eq. 6 on the mediators' link probabilities (0 without a prior); with one bandwidth
         per kernel, on each propagator kernel's: their mean (``prior_loss="eq6"``) or their sum
-        (``"public"``, as the public code)."""
+        (``"public"``, as the public code).
+
+        ``reduction="sum"``: NAC eq. 6 as printed, a sum over the ordered pairs ``i != j``;
+        ``"mean"``: over the ``U (U - 1)`` pairs, the scale a training loss adds it at (the
+        public loss, ``prior_loss="public"``, is already a mean and is left as it is)."""
+        if reduction not in GRAPH_REDUCTIONS:
+            raise ValueError(f"reduction must be one of {GRAPH_REDUCTIONS}, got {reduction!r}")
         if self.graph_prior is None:
             return torch.zeros((), device=self.read_out.head.weight.device)
         design = self.design()
         n = len(self.kernel_bandwidths())
         losses = [self.graph_prior(self.mediator_links(design, k)) for k in range(n)]
         total = torch.stack(losses).sum()
-        return total if self.config.prior_loss == "public" else total / n
+        if self.config.prior_loss == "public":
+            return total
+        U = self.config.num_processors
+        # NAC eq. 6 (per kernel, then their mean), summed over pairs or averaged
+        return total / n if reduction == "sum" else total / n / (U * (U - 1))
 
     # -- pruning (App. F) -------------------------------------------------------------------------
     def module_importance(self) -> Tensor:

@@ -32,15 +32,15 @@ class ModulatedAttention(nn.Module):
         self.value = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
         self.out = ModFC(c.dim, c.dim, c.code_dim, alpha=alpha)
         self.attention = SKMDPA(
-            c.num_heads,
-            c.bandwidth if bandwidth is None else bandwidth,
-            c.temperature,
-            c.delta,
-            c.eval_kernel,
-            c.truncation if truncated else None,
-            c.straight_through,
-            c.per_example_kernel,
-            c.sample_kernel,
+            num_heads=c.num_heads,
+            bandwidth=c.bandwidth if bandwidth is None else bandwidth,
+            temperature=c.temperature,
+            delta=c.delta,
+            eval_kernel=c.eval_kernel,
+            truncation=c.truncation if truncated else None,
+            straight_through=c.straight_through,
+            per_example=c.per_example_kernel,
+            sample=c.sample_kernel,
         )
 
     def forward(self, x, codes, sigs, y, y_codes, y_sigs, key_mask=None, edge_mask=None):
@@ -67,7 +67,14 @@ class Propagator(nn.Module):
         c = config
         self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth)
-        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, modfc_alpha(c))
+        self.ffn = ModFFN(
+            c.dim,
+            c.dim,
+            c.code_dim,
+            hidden_features=c.ffn_hidden,
+            activation=c.activation,
+            alpha=modfc_alpha(c),
+        )
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
@@ -104,7 +111,14 @@ class ReadOut(nn.Module):
         self.norm_q, self.norm_kv = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth, truncated=c.read_out_truncation)
         self.norm_ffn = nn.LayerNorm(c.dim)
-        self.ffn = ModFFN(c.dim, c.dim, c.code_dim, c.ffn_hidden, c.activation, modfc_alpha(c))
+        self.ffn = ModFFN(
+            c.dim,
+            c.dim,
+            c.code_dim,
+            hidden_features=c.ffn_hidden,
+            activation=c.activation,
+            alpha=modfc_alpha(c),
+        )
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),

@@ -1,0 +1,168 @@
+"""The experiment protocol: what an experiment declares, and the one run every experiment shares.
+
+An experiment is one package of :mod:`modnets.experiments` whose ``__init__`` exports
+``EXPERIMENT``, an :class:`Experiment`. It declares what is its own:
+
+* ``configs``: its configuration per profile (``smoke``, ``cpu``, ``gpu``);
+* ``measure(config, options)``: trains its models at every claim seed and measures them,
+  returning a :class:`Measurement` (the models' per-seed numbers, the diagnostics, the
+  configuration as run and its selection seeds);
+* ``regime(results)`` and ``claims(results)``: what the claims presuppose of the trained models,
+  and the claims, both read from the results as they will be written (``config``, ``models``,
+  ``diagnostics`` and, for ``claims``, ``regime``);
+* ``rules``: the rules that decide its claims (:mod:`modnets.experiments.core.rules` pins them);
+* ``dry_run(config)``: one training step of each model on a tiny batch (the budget and the
+  smoke checks use it); ``summary(results)``: the plain-text table the command line prints.
+
+:func:`run` does the rest, the same for every experiment: the profile and its configuration,
+the device, the worker processes, then measure → regime → claims → the results file's schema.
+:mod:`modnets.experiments.core.discovery` finds the packages; the command line, the budget, the
+model registry and chapter 13 iterate what it finds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from modnets.experiments.core import harness
+from modnets.experiments.core.fingerprints import plain
+from modnets.experiments.core.options import RunOptions, resolved
+from modnets.experiments.core.rule import Rule
+from modnets.profiles import get_profile, select
+
+__all__ = ["RunOptions", "Measurement", "Experiment", "PARTS", "run"]
+
+
+@dataclass
+class Measurement:
+    """What an experiment measured: ``models`` (per model, ``per_seed`` numbers and their
+    summaries), ``diagnostics``, the configuration as run (after any selection) and the seeds
+    any choice was made on (never claim seeds)."""
+
+    models: dict
+    diagnostics: dict
+    config: Any
+    selection_seeds: Sequence[int] = ()
+
+
+#: The names an experiment package exports (its ``__init__``, re-exporting its files' public
+#: names), and the :class:`Experiment` field each fills. The title is its docstring's first line.
+PARTS = {
+    "NAME": "name",
+    "SOURCE_PAPER": "paper",
+    "CHAPTER": "chapter",
+    "CONFIGS": "configs",
+    "measure": "measure",
+    "regime": "regime",
+    "claims": "claims",
+    "format_summary": "summary",
+    "dry_run": "dry_run",
+    "RULES": "rules",
+    "TRAIN_CODE": "code",
+}
+#: The names it may export.
+OPTIONAL_PARTS = {"ZERO_GRAD_AT_INIT": "zero_grad_at_init", "GPU_COMMAND": "gpu_command"}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment, as its package declares it (see the module docstring).
+
+    ``paper``: the paper whose claims it tests (chapter 13 groups by it; ``""`` for an experiment
+    of our own questions only); ``chapter``: the book's notebook that runs it (``""`` for none;
+    the experiments are listed in the book's order). ``code``: what its trained models depend on (the provenance's code fingerprint).
+    ``zero_grad_at_init``: parameter-name substrings that get no gradient at initialisation,
+    with the reason. ``gpu_command``: the command that runs it at the papers' scale, where it is
+    not the plain one."""
+
+    name: str
+    title: str
+    paper: str
+    chapter: str
+    configs: Mapping[str, Any]
+    measure: Callable[[Any, RunOptions], Measurement]
+    regime: Callable[[dict], dict]
+    claims: Callable[[dict], list]
+    summary: Callable[[dict], str]
+    dry_run: Callable[[Any], list]
+    rules: Mapping[str, Rule]
+    code: Sequence = ()
+    zero_grad_at_init: Mapping[str, str] = field(default_factory=dict)
+    gpu_command: str = ""
+
+    def __post_init__(self):
+        missing = [p for p in ("smoke", "cpu", "gpu") if p not in self.configs]
+        if missing:
+            raise ValueError(f"experiment {self.name!r}: configs lacks the profiles {missing}")
+        foreign = [r.id for r in self.rules.values() if r.experiment != self.name]
+        if foreign:
+            raise ValueError(f"experiment {self.name!r}: rules {foreign} name another experiment")
+
+    @classmethod
+    def from_namespace(cls, namespace: Mapping[str, Any]) -> Experiment:
+        """The experiment a package declares by the names it exports (:data:`PARTS`, and
+        :data:`OPTIONAL_PARTS` where it has them): ``Experiment.from_namespace(globals())`` at
+        the end of its ``__init__``."""
+        missing = [n for n in PARTS if n not in namespace]
+        if missing or not namespace.get("__doc__"):
+            where = namespace.get("__name__", "the package")
+            missing += [] if namespace.get("__doc__") else ["a docstring (its title)"]
+            raise ValueError(f"{where} must define {missing} to declare an experiment")
+        parts = {f: namespace[n] for n, f in PARTS.items()}
+        parts |= {f: namespace[n] for n, f in OPTIONAL_PARTS.items() if n in namespace}
+        title = namespace["__doc__"].strip().split("\n\n")[0]
+        return cls(title=" ".join(title.split()).rstrip("."), **parts)
+
+    @property
+    def command(self) -> str:
+        """The command that runs it at the papers' scale."""
+        return self.gpu_command or f"python -m modnets.experiments.{self.name} --profile gpu"
+
+    def run(self, config=None, profile: str | None = None, options=None, **flags) -> dict:
+        """:func:`run` of this experiment."""
+        return run(self, config, profile, options, **flags)
+
+
+def run(
+    experiment: Experiment,
+    config=None,
+    profile: str | None = None,
+    options: RunOptions | None = None,
+    **flags,
+) -> dict:
+    """The whole experiment at every claim seed; the results in the harness schema (plain JSON).
+
+    ``config`` defaults to the experiment's configuration for ``profile`` (default:
+    ``MODNETS_PROFILE``). ``options`` (:class:`RunOptions`), or its fields by keyword
+    (``show_progress=False``, ``workers=2``). ``measure`` gets them resolved: the device and the
+    number of worker processes set."""
+    options = resolved(options, flags)
+    start = time.perf_counter()
+    profile = get_profile(profile)
+    config = select(experiment.configs, profile) if config is None else config
+    workers = harness.workers_for(options.workers, profile, options.device)
+    options = dataclasses.replace(options, workers=workers)
+    measured = experiment.measure(config, options)
+    config = measured.config
+    results = {
+        "config": plain(config),
+        "models": measured.models,
+        "diagnostics": measured.diagnostics,
+    }
+    results["regime"] = experiment.regime(results)
+    return harness.results_dict(
+        experiment.name,
+        profile,
+        config=config,
+        seeds=config.seeds,
+        models=measured.models,
+        diagnostics=measured.diagnostics,
+        claims=experiment.claims(results),
+        provenance=harness.provenance(start, experiment.code),
+        selection_seeds=measured.selection_seeds,
+        regime=results["regime"],
+    )
