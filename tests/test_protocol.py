@@ -48,10 +48,9 @@ SOURCE_PAPER = "A toy paper"
 CHAPTER = ""
 TRAIN_CODE = ()
 
-RULES = declare([
+RULES = declare("toy_line", [
     Rule(
         id="toy-slope",
-        experiment="toy_line",
         kind="paper",
         text="The fitted slope is above 1",
         source="A toy paper, Table 1",

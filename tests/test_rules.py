@@ -14,32 +14,42 @@ from modnets.experiments.core import rules as rl
 
 TOY = {
     "up": rl.Rule(
-        "up",
-        "toy",
-        "paper",
-        "A beats B",
-        "Table 1",
-        "1.0 vs 0.5",
-        "A − B",
-        ">",
-        0.0,
-        0.5,
-        "Table 1",
+        id="up",
+        experiment="toy",
+        kind="paper",
+        text="A beats B",
+        source="Table 1",
+        paper="1.0 vs 0.5",
+        quantity="A − B",
+        test=">",
+        threshold=0.0,
+        paper_effect=0.5,
+        basis="Table 1",
     ),
     "eq": rl.Rule(
-        "eq",
-        "toy",
-        "paper",
-        "A equals B",
-        "§4",
-        "on par",
-        "A − B",
-        "equivalent",
-        0.1,
-        0.0,
-        "§4 text",
+        id="eq",
+        experiment="toy",
+        kind="paper",
+        text="A equals B",
+        source="§4",
+        paper="on par",
+        quantity="A − B",
+        test="equivalent",
+        threshold=0.1,
+        paper_effect=0.0,
+        basis="§4 text",
     ),
-    "down": rl.Rule("down", "toy", "ours", "little lost", "ours", "-", "loss", "<", 0.1),
+    "down": rl.Rule(
+        id="down",
+        experiment="toy",
+        kind="ours",
+        text="little lost",
+        source="ours",
+        paper="-",
+        quantity="loss",
+        test="<",
+        threshold=0.1,
+    ),
 }
 
 
@@ -80,9 +90,30 @@ def test_every_paper_rule_says_how_its_effect_was_read_and_ours_never_claim_a_pa
         else:
             assert r.paper_effect is None and r.source.startswith("ours")
     with pytest.raises(ValueError, match="must say how"):
-        rl.Rule("x", "toy", "paper", "t", "s", "p", "q", ">", 0.0, 1.0)
+        rl.Rule(
+            id="x",
+            experiment="toy",
+            kind="paper",
+            text="t",
+            source="s",
+            paper="p",
+            quantity="q",
+            test=">",
+            threshold=0.0,
+            paper_effect=1.0,
+        )
     with pytest.raises(ValueError, match="test must be"):
-        rl.Rule("x", "toy", "ours", "t", "s", "p", "q", ">=", 0.0)
+        rl.Rule(
+            id="x",
+            experiment="toy",
+            kind="ours",
+            text="t",
+            source="s",
+            paper="p",
+            quantity="q",
+            test=">=",
+            threshold=0.0,
+        )
 
 
 @pytest.mark.parametrize(
@@ -161,3 +192,25 @@ def test_outside_the_regime_is_not_testable_with_the_shortfall():
     out = cl.outside_regime(c, reg)
     assert out.verdict == "not testable here" and "R² 0.8" in out.reason and out.values == c.values
     assert cl.outside_regime(c, regime("fit", {"R²": (0.995, 0.99, ">=")})) is c
+
+
+def test_declare_names_each_rule_with_its_experiment_and_refuses_a_clash():
+    up = rl.Rule(
+        id="toy-declared",
+        kind="ours",
+        text="t",
+        source="ours",
+        paper="-",
+        quantity="q",
+        test=">",
+        threshold=0.0,
+    )
+    (declared,) = rl.declare("toy", [up]).values()
+    assert declared.experiment == "toy" and rl.get_rule("toy-declared") is declared
+    with pytest.raises(ValueError, match="names experiment 'toy', not 'other'"):
+        rl.declare("other", [declared])
+    with pytest.raises(ValueError, match="share the id"):
+        rl.declare("toy", [dataclasses.replace(up, threshold=1.0)])
+    with pytest.raises(TypeError, match="Rule objects"):
+        rl.declare("toy", [{"id": "x"}])
+    rl.RULES.pop("toy-declared")

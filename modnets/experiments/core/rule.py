@@ -21,13 +21,15 @@ PERCENT = {"scale": 100, "digits": 1, "unit": " %"}
 FIGURE = "read from a figure: "
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rule:
-    """One pre-declared test. ``threshold`` is the margin of an ``equivalent`` test (the
-    quantity must lie within ``±threshold``); ``scale``, ``digits`` and ``unit`` only format."""
+    """One pre-declared test, its fields given by name. ``threshold`` is the margin of an
+    ``equivalent`` test (the quantity must lie within ``±threshold``); ``scale``, ``digits`` and
+    ``unit`` only format. ``experiment`` is filled in by
+    :func:`~modnets.experiments.core.rules.declare`."""
 
     id: str
-    experiment: str
+    experiment: str = ""
     kind: str  # "paper": a claim the paper makes; "ours": a question of this book
     text: str
     source: str

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from modnets.experiments.core.rule import TESTS, Rule
@@ -39,12 +40,18 @@ LOG_PATH = Path(__file__).with_name("rule_log.json")
 RULES: dict[str, Rule] = {}
 
 
-def declare(rules: Iterable[Rule]) -> dict[str, Rule]:
-    """``rules`` by id, each added to :data:`RULES`; an id another rule already has is refused."""
+def declare(experiment: str, rules: Iterable[Rule]) -> dict[str, Rule]:
+    """``rules``, the rules of ``experiment``, by id, each added to :data:`RULES`; an id another
+    rule already has is refused."""
     out = {}
     for rule in rules:
         if not isinstance(rule, Rule):
             raise TypeError(f"declare takes Rule objects, got {type(rule).__name__}")
+        if rule.experiment not in ("", experiment):
+            raise ValueError(
+                f"rule {rule.id!r} names experiment {rule.experiment!r}, not {experiment!r}"
+            )
+        rule = replace(rule, experiment=experiment)
         if rule.id in out or RULES.get(rule.id, rule) != rule:
             raise ValueError(f"two rules share the id {rule.id!r}")
         out[rule.id] = rule

@@ -3,12 +3,13 @@ pinned by the rule-change log (:mod:`modnets.experiments.core.rules`)."""
 
 from modnets.experiments.core.rule import FIGURE, POINTS, Rule
 from modnets.experiments.core.rules import declare
+from modnets.experiments.digits.config import NAME
 
 RULES = declare(
+    NAME,
     [
         Rule(
             id="fig5a-ni-vs-vit",
-            experiment="digits",
             kind="paper",
             text="'Neural Interpreters significantly outperform Vision Transformers at fast-adaptation "
             "in the low-data regime'",
@@ -23,7 +24,6 @@ RULES = declare(
         ),
         Rule(
             id="fig5a-gap-closes",
-            experiment="digits",
             kind="paper",
             text="'the performance gap is only gradually closed as more data becomes available'",
             source="NI §4.2, Fig. 5a",
@@ -37,7 +37,6 @@ RULES = declare(
         ),
         Rule(
             id="fig6-pretrained-vs-resampled",
-            experiment="digits",
             kind="paper",
             text="'keeping the functions acquired from pretraining intact leads to significantly "
             "improved adaptation performance'",
@@ -52,7 +51,6 @@ RULES = declare(
         ),
         Rule(
             id="fig5b-capacity",
-            experiment="digits",
             kind="paper",
             text="'the performance improves as new functions are added at adaptation-time'",
             source="NI §4.2, Fig. 5b",
@@ -66,7 +64,6 @@ RULES = declare(
         ),
         Rule(
             id="fig5c-drop-one",
-            experiment="digits",
             kind="paper",
             text="'the performance on all datasets degrades gracefully as more functions are removed'",
             source="NI §4.2, Fig. 5c",
@@ -80,7 +77,6 @@ RULES = declare(
         ),
         Rule(
             id="fig3-paths-differ",
-            experiment="digits",
             kind="paper",
             text="'there is diversity in how samples are routed through the network, and [...] the "
             "routing mechanism discriminates between samples'",
@@ -99,7 +95,6 @@ RULES = declare(
         ),
         Rule(
             id="fig4-types-cluster",
-            experiment="digits",
             kind="paper",
             text="'Types are more clustered in the later function iterations'",
             source="NI §4.2, Fig. 4 caption",
@@ -114,7 +109,6 @@ RULES = declare(
         ),
         Rule(
             id="val-match",
-            experiment="digits",
             kind="paper",
             text="NI and ViT reach 'almost identical performance on the validation set'",
             source="NI §4.2",
@@ -128,7 +122,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-fig5a-matched",
-            experiment="digits",
             kind="ours",
             text="The NI adapts better than the ViT from snapshots at matched validation accuracy",
             source="ours (NI Fig. 5a's condition)",
@@ -140,7 +133,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-fig5a-params",
-            experiment="digits",
             kind="ours",
             text="The NI adapts better than a ViT with its parameter count",
             source="ours (NI Fig. 5a)",
@@ -152,7 +144,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-more-iterations",
-            experiment="digits",
             kind="ours",
             text="More function iterations help on digits, up to the trained number",
             source="ours (NI Fig. 8 is the PGM task)",
@@ -164,7 +155,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-extra-iterations",
-            experiment="digits",
             kind="ours",
             text="Extra function iterations do not break the model on digits",
             source="ours (NI Fig. 8 is the PGM task)",
@@ -176,7 +166,6 @@ RULES = declare(
         ),
         Rule(
             id="svhn",
-            experiment="digits",
             kind="paper",
             text="Pretraining on SVHN, MNIST-M and MNIST",
             source="NI §4.2",
@@ -189,7 +178,6 @@ RULES = declare(
         ),
         Rule(
             id="fig8-pgm",
-            experiment="digits",
             kind="paper",
             text="'the model maintains at least 70% of its original performance while using only half "
             "the amount of compute'",
@@ -201,5 +189,5 @@ RULES = declare(
             paper_effect=None,
             basis="NI §4.3",
         ),
-    ]
+    ],
 )

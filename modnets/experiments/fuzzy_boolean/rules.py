@@ -3,12 +3,13 @@ pinned by the rule-change log (:mod:`modnets.experiments.core.rules`)."""
 
 from modnets.experiments.core.rule import Rule
 from modnets.experiments.core.rules import declare
+from modnets.experiments.fuzzy_boolean.config import NAME
 
 RULES = declare(
+    NAME,
     [
         Rule(
             id="table1-type-beats-cls",
-            experiment="fuzzy_boolean",
             kind="paper",
             text="Re-routing (type inference) adapts better than the CLS tokens alone",
             source="NI Table 1",
@@ -22,7 +23,6 @@ RULES = declare(
         ),
         Rule(
             id="table1-gap-closed",
-            experiment="fuzzy_boolean",
             kind="paper",
             text="Relative to the CLS tokens, re-routing comes close to finetuning everything: 'the "
             "performance difference between finetuning all parameters and just the type matching "
@@ -38,7 +38,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-all-beats-type",
-            experiment="fuzzy_boolean",
             kind="ours",
             text="Finetuning everything adapts better than re-routing",
             source="ours (NI Table 1's rows)",
@@ -48,5 +47,5 @@ RULES = declare(
             threshold=0.0,
             digits=4,
         ),
-    ]
+    ],
 )

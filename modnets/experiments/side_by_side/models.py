@@ -122,12 +122,7 @@ def mean_exact(model: nn.Module, sets: dict[int, StackedMNIST], batch_size: int 
     return float(np.mean([evaluate(model, ds, batch_size)["exact"] for ds in sets.values()]))
 
 
-def train(
-    model: nn.Module,
-    data: dict,
-    optim: TrainConfig,
-    stage: Stage,
-) -> dict:
+def train(model: nn.Module, data: dict, optim: TrainConfig, stage: Stage) -> dict:
     """Train with :func:`modnets.training.fit` as ``stage`` says, on ``data["train"]`` (batches
     of one digit count, shuffled from the stage's seed and the epoch); the validation accuracy
     on ``data["val"]`` (when given) after each epoch."""

@@ -3,12 +3,13 @@ pinned by the rule-change log (:mod:`modnets.experiments.core.rules`)."""
 
 from modnets.experiments.core.rule import POINTS, Rule
 from modnets.experiments.core.rules import declare
+from modnets.experiments.side_by_side.config import NAME
 
 RULES = declare(
+    NAME,
     [
         Rule(
             id="ours-side-nfm-ood",
-            experiment="side_by_side",
             kind="ours",
             text="NFM's promise on a shared task: around the same CNN, NFM generalises better to a digit "
             "count it never saw",
@@ -21,7 +22,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-side-ni-adapts",
-            experiment="side_by_side",
             kind="ours",
             text="NI's promise on a shared task: from a few examples of a new domain, the NI adapts "
             "better than a ViT of the same size",
@@ -34,7 +34,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-side-nac-drops",
-            experiment="side_by_side",
             kind="ours",
             text="NAC's promise on a shared task: with 80 % of its modules dropped, the NAC keeps more "
             "of its accuracy than a Perceiver IO of the same size with 80 % of its latents dropped",
@@ -45,5 +44,5 @@ RULES = declare(
             threshold=0.0,
             **POINTS,
         ),
-    ]
+    ],
 )

@@ -76,12 +76,7 @@ def _val_accuracy(model: nn.Module, data: dict[int, StackedMNIST]) -> float:
     return float(np.mean([evaluate(model, ds)["exact"] for ds in data.values()]))
 
 
-def train(
-    model: nn.Module,
-    data: dict,
-    optim: TrainConfig,
-    stage: Stage,
-) -> dict:
+def train(model: nn.Module, data: dict, optim: TrainConfig, stage: Stage) -> dict:
     """Train with :func:`modnets.training.fit` as ``stage`` says: batches of one digit count
     (each count's canvases shuffled anew every epoch from the stage's seed and the epoch; the
     order of the batches is

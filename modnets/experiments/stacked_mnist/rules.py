@@ -3,13 +3,14 @@ pinned by the rule-change log (:mod:`modnets.experiments.core.rules`)."""
 
 from modnets.experiments.core.rule import POINTS, Rule
 from modnets.experiments.core.rules import declare
+from modnets.experiments.stacked_mnist.config import NAME
 
 RULES = declare(
+    NAME,
     [
         *[
             Rule(
                 id=f"table5-{c}",
-                experiment="stacked_mnist",
                 kind="paper",
                 text=f"NFM(CNN) beats the CNN on {c} digits (never trained on)",
                 source="NFM Table 5",
@@ -25,7 +26,6 @@ RULES = declare(
         ],
         Rule(
             id="table5-interaction",
-            experiment="stacked_mnist",
             kind="paper",
             text="NFM helps where 'the train and test set differ systematically': its gain on held-out "
             "counts exceeds its gain on trained ones",
@@ -39,5 +39,5 @@ RULES = declare(
             basis="NFM Table 5 (trained on 1 and 3 digits)",
             **POINTS,
         ),
-    ]
+    ],
 )

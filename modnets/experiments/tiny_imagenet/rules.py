@@ -3,12 +3,13 @@ pinned by the rule-change log (:mod:`modnets.experiments.core.rules`)."""
 
 from modnets.experiments.core.rule import FIGURE, PERCENT, POINTS, Rule
 from modnets.experiments.core.rules import declare
+from modnets.experiments.tiny_imagenet.config import NAME
 
 RULES = declare(
+    NAME,
     [
         Rule(
             id="table1-nac-vs-pio",
-            experiment="tiny_imagenet",
             kind="paper",
             text="The NAC is more accurate than Perceiver IO in distribution",
             source="NAC Table 1",
@@ -22,7 +23,6 @@ RULES = declare(
         ),
         Rule(
             id="fig15-flops",
-            experiment="tiny_imagenet",
             kind="paper",
             text="At a fifth of the FLOPs the NAC loses 'roughly 1%', Perceiver IO 'loses 5.3%' at "
             "'roughly the same amount of FLOPs'",
@@ -37,7 +37,6 @@ RULES = declare(
         ),
         Rule(
             id="fig5a-drop80",
-            experiment="tiny_imagenet",
             kind="paper",
             text="'more than 80% of the modules' can be removed 'at little cost to accuracy' ('less "
             "than 3 percent', abstract)",
@@ -52,7 +51,6 @@ RULES = declare(
         ),
         Rule(
             id="fig10-edges",
-            experiment="tiny_imagenet",
             kind="paper",
             text="'≈ 90% of connections can be disallowed without incurring a significant loss'",
             source="NAC App. F, Fig. 10",
@@ -66,7 +64,6 @@ RULES = declare(
         ),
         Rule(
             id="fig5b-speedup",
-            experiment="tiny_imagenet",
             kind="paper",
             text="'a ∼ 8× speedup' with over 80 % of the modules dropped",
             source="NAC §4.1, Fig. 5b",
@@ -81,7 +78,6 @@ RULES = declare(
         ),
         Rule(
             id="priors-differ",
-            experiment="tiny_imagenet",
             kind="paper",
             text="'different graph priors offer different amounts of robustness towards dropped modules'",
             source="NAC §4.1, Fig. 5a, App. F",
@@ -97,7 +93,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-throughput-tracks-flops",
-            experiment="tiny_imagenet",
             kind="ours",
             text="Throughput tracks the FLOP cut when modules are dropped",
             source="ours (NAC Fig. 5b)",
@@ -109,7 +104,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-least-vs-random",
-            experiment="tiny_imagenet",
             kind="ours",
             text="Dropping least connected first beats a random order",
             source="ours (NAC App. F's order)",
@@ -121,7 +115,6 @@ RULES = declare(
         ),
         Rule(
             id="ours-least-vs-most",
-            experiment="tiny_imagenet",
             kind="ours",
             text="Dropping least connected first beats most connected first",
             source="ours (NAC App. F's order)",
@@ -133,7 +126,6 @@ RULES = declare(
         ),
         Rule(
             id="ood-r",
-            experiment="tiny_imagenet",
             kind="paper",
             text="Out-of-distribution accuracy on Tiny-ImageNet-R",
             source="NAC Table 1",
@@ -144,5 +136,5 @@ RULES = declare(
             paper_effect=None,
             basis="NAC Table 1",
         ),
-    ]
+    ],
 )
