@@ -2,7 +2,7 @@
 
 Every experiment CLI runs unchanged as ``torchrun --nproc_per_node=N -m modnets.experiments.X``:
 :func:`setup` joins the process group that ``torchrun`` describes in the environment (NCCL on
-CUDA, gloo on CPU), :func:`wrap` puts the model in ``DistributedDataParallel``, and each rank
+CUDA, gloo on CPU), :func:`wrap_ddp` puts the model in ``DistributedDataParallel``, and each rank
 trains on its shard of every *global* batch (:func:`shard`), so ``N`` processes with a global batch
 ``B`` take exactly the optimisation steps of one process with batch ``B`` (gradients are averaged
 by DDP; each rank's loss is the mean over an equal shard). Only rank 0 logs, shows progress bars and
@@ -27,7 +27,7 @@ __all__ = [
     "world_size",
     "is_main",
     "local_device",
-    "wrap",
+    "wrap_ddp",
     "unwrap",
     "shard",
     "all_reduce_sum",
@@ -75,7 +75,7 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
+def wrap_ddp(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
     """``DistributedDataParallel(model)`` when distributed, else ``model``.
 
     ``find_unused_parameters`` is for models where some parameters get no gradient in a step

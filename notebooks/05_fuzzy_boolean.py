@@ -361,7 +361,7 @@ fig.tight_layout()
 display(
     pd.DataFrame(sweep_report["finetune_lr_selection"])
     .T.rename(columns=lambda lr: f"lr {float(lr):g}")
-    .assign(chosen=[f"{sweep_report['finetune_lrs'][r]:g}" for r in fb.REGIMES])
+    .assign(chosen=[f"{sweep_report['finetune_lrs'][r]:g}" for r in fb.FINETUNINGS])
     .round(4)
 )
 show(chosen_train.model_config())
@@ -390,15 +390,15 @@ for k in range(len(config.seeds)):
         alpha=0.6,
         label="pretraining" if k == 0 else None,
     )
-    for regime, colour in zip(fb.REGIMES, ("C0", "C1", "C2"), strict=True):
-        hr = models[regime]["per_seed"][k]["history"]
+    for finetuning, colour in zip(fb.FINETUNINGS, ("C0", "C1", "C2"), strict=True):
+        hr = models[finetuning]["per_seed"][k]["history"]
         axes[0].semilogy(
             [s + h["step"][-1] for s in hr["step"]],
             hr["loss"],
             lw=1,
             color=colour,
             alpha=0.6,
-            label=f"finetune: {regime}" if k == 0 else None,
+            label=f"finetune: {finetuning}" if k == 0 else None,
         )
         axes[1].plot(
             hr["epoch"],
@@ -406,7 +406,7 @@ for k in range(len(config.seeds)):
             marker="o",
             color=colour,
             alpha=0.6,
-            label=f"finetune: {regime}" if k == 0 else None,
+            label=f"finetune: {finetuning}" if k == 0 else None,
         )
 axes[0].set(xlabel="step", ylabel="MSE (standardised targets)", title="training loss")
 axes[0].legend(fontsize=8)
@@ -429,7 +429,7 @@ fig.tight_layout()
 # %%
 rows = []
 for (name, ours, paper), key in zip(
-    fb.summary(results), ("pretrain", *fb.REGIMES), strict=True
+    fb.summary(results), ("pretrain", *fb.FINETUNINGS), strict=True
 ):
     n = models[key]["per_seed"][0]["trainable_parameters"]
     rows.append(
@@ -451,7 +451,7 @@ print(
 per_seed = pd.DataFrame(
     {
         key: [r["mean_r2"] for r in models[key]["per_seed"]]
-        for key in ("pretrain", *fb.REGIMES)
+        for key in ("pretrain", *fb.FINETUNINGS)
     },
     index=list(config.seeds),
 )
@@ -625,9 +625,9 @@ display(
             {
                 "seed": s["seed"],
                 **{
-                    f"{regime}: iteration {i + 1}": f"{v:.3f}"
-                    for regime in fb.REGIMES
-                    for i, v in enumerate(s[regime])
+                    f"{finetuning}: iteration {i + 1}": f"{v:.3f}"
+                    for finetuning in fb.FINETUNINGS
+                    for i, v in enumerate(s[finetuning])
                 },
             }
             for s in results["diagnostics"]["routing_shift"]
@@ -673,7 +673,7 @@ display(
 # ```python
 # from modnets.training import r2_score
 #
-# _, new, _ = fb.load_data(fb.task_for(chosen_train, config.seeds[0]))
+# _, new, _ = fb.load_data(fb.for_seed(chosen_train, config.seeds[0]))
 #
 #
 # def monomials(x):  # the 32 products of distinct variables, the empty one first
@@ -685,7 +685,7 @@ display(
 # w = torch.linalg.lstsq(monomials(new.x_train), new.y_train.double()).solution
 # r2 = r2_score(monomials(new.x_val) @ w, new.y_val.double())
 # print(f"least squares: R² {r2.mean():.4f} (lowest {r2.min():.4f})")
-# print({k: round(models[k]["mean_r2"]["mean"], 4) for k in fb.REGIMES})
+# print({k: round(models[k]["mean_r2"]["mean"], 4) for k in fb.FINETUNINGS})
 # ```
 # :::
 #
@@ -714,7 +714,7 @@ display(
 #
 #
 # for family in fb.FAMILIES:
-#     t = fb.task_for(dataclasses.replace(chosen_train, family=family), config.seeds[0])
+#     t = fb.for_seed(dataclasses.replace(chosen_train, family=family), config.seeds[0])
 #     _, new, functions = fb.load_data(t)
 #     old = functions[: chosen_train.num_pretrain_functions]
 #     w = torch.linalg.lstsq(features(old, new.x_train), new.y_train.double()).solution

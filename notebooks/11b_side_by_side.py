@@ -140,7 +140,7 @@ print(f"an untrained CNN: exact match {exact:.3f} on two-digit canvases")
 
 # %%
 models = {
-    name: sbs.build_model(kind, config.train) for kind, name in sbs.MODELS.items()
+    name: sbs.build_model(kind, config.train) for kind, name in sbs.MODEL_NAMES.items()
 }
 sizes = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
 for name, n in sizes.items():

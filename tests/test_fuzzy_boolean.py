@@ -288,17 +288,17 @@ def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, m
     best = cands[fb.choose_candidate(cands)]
     assert report["chosen"] == {k: best[k] for k in ("truncation", "type_dim", "straight_through")}
     assert {k: train.model[k] for k in report["chosen"]} == report["chosen"]
-    for regime in fb.REGIMES:  # each regime finetunes at its best-scoring rate
+    for regime in fb.FINETUNINGS:  # each regime finetunes at its best-scoring rate
         scores = {float(k): v for k, v in report["finetune_lr_selection"][regime].items()}
         assert train.finetune_config(regime).lr == max(scores, key=lambda lr: (scores[lr], -lr))
     # the chosen candidate and its finetunes at the chosen rates are seed 0's models: nothing
     # new is trained for them
     before = set(tmp_path.glob("*.pt"))
-    final = dataclasses.replace(config, train=fb.task_for(train, config.sweep.seed))
+    final = dataclasses.replace(config, train=fb.for_seed(train, config.sweep.seed))
     trained = fb.trained_models(
         final, config.sweep.seed, data=(*guarded, None), show_progress=False
     )
-    assert set(tmp_path.glob("*.pt")) == before and set(trained) == {"pretrain", *fb.REGIMES}
+    assert set(tmp_path.glob("*.pt")) == before and set(trained) == {"pretrain", *fb.FINETUNINGS}
     assert fb.sweep(dataclasses.replace(config, sweep=None)) == (config.train, {})
 
 

@@ -341,7 +341,7 @@ def test_paired_claim_is_paired_by_seed():
 def test_untestable_and_rendering():
     u = cl.untestable("svhn", "not available offline")
     assert u.verdict == "not testable here" and u.kind == "paper"
-    c = cl.test("ours-least-vs-most", [0.2, 0.21, 0.22])
+    c = cl.decide_rule("ours-least-vs-most", [0.2, 0.21, 0.22])
     assert c.kind == "ours" and c.verdict == "reproduced"
     html = report.claims_table([u, c]).to_html()
     assert "not testable here" in html and "#d4edda" in html  # verdicts coloured
@@ -384,7 +384,7 @@ def test_results_schema_rejects_live_objects_missing_keys_and_bad_claims():
 
 
 def test_smoke_results_decide_no_claim_and_keep_its_numbers():
-    claim = cl.test("table1-type-beats-cls", [0.2, 0.3, 0.25, 0.28])
+    claim = cl.decide_rule("table1-type-beats-cls", [0.2, 0.3, 0.25, 0.28])
     assert claim.verdict == "reproduced"
 
     def results(profile):
@@ -539,8 +539,8 @@ def test_a_resumed_fit_logs_the_same_curve(tmp_path):
 def test_reproduction_reads_every_claim_and_redoes_holm_over_the_paper(tmp_path):
     from modnets.experiments.core.results import results_path, save_results
 
-    a = cl.holm([cl.test("table1-type-beats-cls", [0.05, 0.3, 0.2, 0.25, 0.02])], "fuzzy")
-    b = cl.holm([cl.test("fig5a-ni-vs-vit", [0.05, 0.4, 0.1, 0.3, 0.02])], "digits")
+    a = cl.holm([cl.decide_rule("table1-type-beats-cls", [0.05, 0.3, 0.2, 0.25, 0.02])], "fuzzy")
+    b = cl.holm([cl.decide_rule("fig5a-ni-vs-vit", [0.05, 0.4, 0.1, 0.3, 0.02])], "digits")
     for name, claims in (("fuzzy_boolean", a), ("digits", b)):
         results = harness.results_dict(
             name, "cpu", {}, [0, 1, 2, 3, 4], {}, {}, claims, {}, regime=harness.regime("r", {})

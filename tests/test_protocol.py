@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.claims import holm, outside_regime, test
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime
 from modnets.experiments.core.experiment import Experiment, Measurement
 from modnets.experiments.core.rule import Rule
 from modnets.experiments.core.rules import declare
@@ -106,7 +106,7 @@ def regime(results):
 
 def claims(results):
     slopes = per_seed(results["models"]["line"]["per_seed"], "slope")
-    claim = test("toy-slope", [s - 1 for s in slopes])
+    claim = decide_rule("toy-slope", [s - 1 for s in slopes])
     return holm([outside_regime(claim, results["regime"])], "toy")
 
 

@@ -125,20 +125,20 @@ def test_every_paper_rule_says_how_its_effect_was_read_and_ours_never_claim_a_pa
     ],
 )
 def test_one_sided_rule_decides_by_the_95_interval(values, verdict):
-    c = cl.test("up", values, rules=TOY)
+    c = cl.decide_rule("up", values, rules=TOY)
     assert c.verdict == verdict and c.kind == "paper"
     assert c.p_value is not None and (c.p_value < 0.05) == (verdict != "inconclusive")
 
 
 def test_mde_is_statsmodels_power_and_underpowered_says_how_many_seeds():
     values = [0.3, -0.2, 0.1, -0.1, 0.2]
-    c = cl.test("up", values, rules=TOY)
+    c = cl.decide_rule("up", values, rules=TOY)
     sd = np.std(values, ddof=1)
     d = TTestPower().solve_power(nobs=5, alpha=0.05, power=0.8, alternative="two-sided")
     assert c.mde == pytest.approx(d * sd)
     assert c.mde < 0.5 and "smaller than the paper's" in c.reason
     noisy = [2.0, -1.5, 1.0, -2.2, 0.4]
-    c = cl.test("up", noisy, rules=TOY)
+    c = cl.decide_rule("up", noisy, rules=TOY)
     assert c.verdict == "inconclusive" and c.reason.startswith("underpowered")
     assert c.seeds_needed > 5 and f"{c.seeds_needed} seeds would" in c.reason
     # with that many seeds at that spread, the mde falls to the paper's effect
@@ -150,17 +150,17 @@ def test_mde_is_statsmodels_power_and_underpowered_says_how_many_seeds():
 
 
 def test_vs_paper_says_when_the_interval_excludes_the_papers_effect():
-    small = cl.test("up", [0.10, 0.12, 0.11, 0.13, 0.09], rules=TOY)
+    small = cl.decide_rule("up", [0.10, 0.12, 0.11, 0.13, 0.09], rules=TOY)
     assert small.verdict == "reproduced" and small.vs_paper == "smaller than the paper's"
-    near = cl.test("up", [0.45, 0.55, 0.5, 0.52, 0.48], rules=TOY)
+    near = cl.decide_rule("up", [0.45, 0.55, 0.5, 0.52, 0.48], rules=TOY)
     assert near.vs_paper == "consistent with the paper's"
 
 
 def test_equivalence_is_a_signed_tost():
-    assert cl.test("eq", [0.01, -0.02, 0.0, 0.015, -0.01], rules=TOY).verdict == "reproduced"
+    assert cl.decide_rule("eq", [0.01, -0.02, 0.0, 0.015, -0.01], rules=TOY).verdict == "reproduced"
     # |mean| small but one-signed far beyond the margin on every seed: abs() would not show it
-    assert cl.test("eq", [0.3, 0.31, 0.29, 0.3, 0.32], rules=TOY).verdict == "not reproduced"
-    assert cl.test("eq", [0.2, -0.2, 0.15, -0.1, 0.05], rules=TOY).verdict == "inconclusive"
+    assert cl.decide_rule("eq", [0.3, 0.31, 0.29, 0.3, 0.32], rules=TOY).verdict == "not reproduced"
+    assert cl.decide_rule("eq", [0.2, -0.2, 0.15, -0.1, 0.05], rules=TOY).verdict == "inconclusive"
 
 
 def test_holm_is_statsmodels_over_the_paper_claims_only():
@@ -171,8 +171,8 @@ def test_holm_is_statsmodels_over_the_paper_claims_only():
         [0.05, 0.3, 0.2, 0.25, 0.02],
         [0.05, 0.4, 0.1, 0.3, 0.02],
     )
-    cs = [cl.test("up", v, rules=TOY) for v in values]
-    cs.append(cl.test("down", [0.0, 0.01, 0.02], rules=TOY))
+    cs = [cl.decide_rule("up", v, rules=TOY) for v in values]
+    cs.append(cl.decide_rule("down", [0.0, 0.01, 0.02], rules=TOY))
     out = cl.holm(cs, "toy")
     reject = multipletests([c.p_value for c in cs[:3]], 0.05, "holm")[0]
     for c, r in zip(out[:3], reject, strict=True):
@@ -184,7 +184,7 @@ def test_holm_is_statsmodels_over_the_paper_claims_only():
 
 
 def test_outside_the_regime_is_not_testable_with_the_shortfall():
-    c = cl.test("up", [0.4, 0.5, 0.6], rules=TOY)
+    c = cl.decide_rule("up", [0.4, 0.5, 0.6], rules=TOY)
     from modnets.experiments.core.harness import regime
 
     reg = regime("fit", {"R²": (0.8, 0.99, ">=")})

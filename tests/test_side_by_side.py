@@ -21,7 +21,7 @@ def _params(model) -> int:
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "gpu"])
 def test_all_six_models_hold_parameters_within_ten_percent_of_each_other(profile):
     train = sbs.CONFIGS[profile].train
-    sizes = {kind: _params(sbs.build_model(kind, train)) for kind in sbs.MODELS}
+    sizes = {kind: _params(sbs.build_model(kind, train)) for kind in sbs.MODEL_NAMES}
     assert max(sizes.values()) <= 1.1 * min(sizes.values()), sizes
 
 
@@ -73,7 +73,7 @@ def _results(values: dict[str, dict[str, list[float]]]) -> dict:
 def test_a_claim_is_untestable_unless_both_of_its_models_learned_the_task():
     good = {"iid": [0.6, 0.7, 0.65], "ood": [0.3, 0.35, 0.32]}
     weak = {"iid": [0.1, 0.5, 0.5], "ood": [0.5, 0.6, 0.55]}
-    values = {name: good for name in sbs.MODELS.values()}
+    values = {name: good for name in sbs.MODEL_NAMES.values()}
     claims = {c.id: c for c in sbs.claims(_results({**values}))}
     assert claims["ours-side-nfm-ood"].verdict == "inconclusive"  # a difference of 0
     claims = {c.id: c for c in sbs.claims(_results({**values, "NFM(CNN)": weak}))}
@@ -128,12 +128,12 @@ def test_the_profiles_rates_are_the_recorded_selection():
 def test_the_training_order_names_every_model_once():
     from modnets.experiments.side_by_side.rates import HEAVIEST_FIRST
 
-    assert sorted(HEAVIEST_FIRST) == sorted(sbs.MODELS)
+    assert sorted(HEAVIEST_FIRST) == sorted(sbs.MODEL_NAMES)
 
 
 def test_the_summary_fits_the_books_88_columns_with_the_widest_values():
     wide = {m: [-0.999, 0.5, 0.01] for m in sbs.MEASURES}
-    results = _results({name: wide for name in sbs.MODELS.values()})
+    results = _results({name: wide for name in sbs.MODEL_NAMES.values()})
     results["profile"], results["seeds"] = "cpu", [0, 1, 2]
     for name in results["models"]:
         results["models"][name]["costs"] = {
@@ -144,7 +144,7 @@ def test_the_summary_fits_the_books_88_columns_with_the_widest_values():
         }
     lines = sbs.format_summary(results).splitlines()
     assert max(map(len, lines)) <= 88, max(lines, key=len)
-    assert all(any(line.startswith(n) for line in lines) for n in sbs.MODELS.values())
+    assert all(any(line.startswith(n) for line in lines) for n in sbs.MODEL_NAMES.values())
 
 
 def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_smaller(monkeypatch):
@@ -168,4 +168,4 @@ def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_small
     options = RunOptions(device="cpu", show_progress=False)
     chosen = rates.choose_rates(config, {"val": None}, options)
     assert chosen["cnn"]["lr"] == 3e-3 and chosen["cnn"]["scores"][1e-2] == 0.6
-    assert all(chosen[k]["lr"] == 1e-3 for k in sbs.MODELS if k != "cnn")
+    assert all(chosen[k]["lr"] == 1e-3 for k in sbs.MODEL_NAMES if k != "cnn")

@@ -148,7 +148,7 @@ def fit(
     scaler = None
     if config.amp and amp_dtype(device) == torch.float16:
         scaler = objects["scaler"] = torch.amp.GradScaler(device.type)
-    net = distributed.wrap(model, find_unused_parameters=find_unused_parameters)
+    net = distributed.wrap_ddp(model, find_unused_parameters=find_unused_parameters)
     net = maybe_compile(net, config.compile)
     log_every = max(1, total // config.log_points)
     start = time.perf_counter()

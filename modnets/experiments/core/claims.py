@@ -36,7 +36,7 @@ from modnets.experiments.core.stats import seed_stats
 
 __all__ = [
     "VERDICTS",
-    "KINDS",
+    "CLAIM_KINDS",
     "CLAIM_FIELDS",
     "ALPHA",
     "POWER",
@@ -44,7 +44,7 @@ __all__ = [
     "decide",
     "mde",
     "seeds_needed",
-    "test",
+    "decide_rule",
     "sides",
     "paired",
     "untestable",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable here")
-KINDS = ("paper", "ours")
+CLAIM_KINDS = ("paper", "ours")
 CLAIM_FIELDS = ("id", "kind", "text", "source", "paper", "ours", "rule", "verdict")
 ALPHA = 0.05  # two-sided: the 95 % interval decides
 POWER = 0.8  # the power at which the minimal detectable effect is stated
@@ -91,8 +91,8 @@ class Claim:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in CLAIM_KINDS:
+            raise ValueError(f"kind must be one of {CLAIM_KINDS}, got {self.kind!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -205,7 +205,7 @@ def _ours(values: Sequence[float], rule: Rule) -> str:
     return f"{_fmt(s['mean'], rule)} ± {rule.scale * s['sd']:.{rule.digits}f} (n={s['n']})"
 
 
-def test(
+def decide_rule(
     rule_id: str, values: Sequence[float], ours: str | None = None, rules: dict | None = None
 ) -> Claim:
     """The claim of rule ``rule_id`` (declared by its experiment, or from ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
@@ -329,7 +329,7 @@ def paired(rule_id: str, a: Sequence[float], b: Sequence[float], names: tuple[st
     s = seed_stats(diffs)
     rule = get_rule(rule_id)
     diff = f"difference {_fmt(s['mean'], rule)} ± {rule.scale * s['sd']:.{rule.digits}f}"
-    return test(rule_id, diffs, f"{sides(a, b, names, rule_id)}; {diff} (n={s['n']})")
+    return decide_rule(rule_id, diffs, f"{sides(a, b, names, rule_id)}; {diff} (n={s['n']})")
 
 
 def untestable(rule_id: str, reason: str, rules: dict | None = None) -> Claim:

@@ -65,7 +65,11 @@ PARTS = {
     "TRAIN_CODE": "code",
 }
 #: The names it may export.
-OPTIONAL_PARTS = {"ZERO_GRAD_AT_INIT": "zero_grad_at_init", "GPU_COMMAND": "gpu_command"}
+OPTIONAL_PARTS = {
+    "DATA_FOLDERS": "data_folders",
+    "ZERO_GRAD_AT_INIT": "zero_grad_at_init",
+    "GPU_COMMAND": "gpu_command",
+}
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class Experiment:
     ``paper``: the paper whose claims it tests (chapter 13 groups by it; ``""`` for an experiment
     of our own questions only); ``chapter``: the book's notebook that runs it (``""`` for none;
     the experiments are listed in the book's order). ``code``: what its trained models depend on (the provenance's code fingerprint).
+    ``data_folders``: the folders below the data root it reads (none: it makes its own data).
     ``zero_grad_at_init``: parameter-name substrings that get no gradient at initialisation,
     with the reason. ``gpu_command``: the command that runs it at the papers' scale, where it is
     not the plain one."""
@@ -91,6 +96,7 @@ class Experiment:
     dry_run: Callable[[Any], list]
     rules: Mapping[str, Rule]
     code: Sequence = ()
+    data_folders: tuple[str, ...] = ()
     zero_grad_at_init: Mapping[str, str] = field(default_factory=dict)
     gpu_command: str = ""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.claims import holm, outside_regime, paired, test, untestable
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime, paired, untestable
 from modnets.experiments.core.stats import fmt
 from modnets.experiments.digits.config import DATASET_NAMES, KINDS, MODEL_NAMES
 from modnets.utils import wrap
@@ -76,7 +76,7 @@ def claims(results: dict) -> list:
     clustering = [r["type_silhouette"][-1] - r["type_silhouette"][0] for r in ni]
     out = [
         paired("fig5a-ni-vs-vit", ni_acc, vit_acc, ("NI", "ViT")),
-        test("fig5a-gap-closes", [a - b for a, b in zip(gap_min, gap_max, strict=True)]),
+        decide_rule("fig5a-gap-closes", [a - b for a, b in zip(gap_min, gap_max, strict=True)]),
         paired(
             "fig6-pretrained-vs-resampled",
             ni_acc,
@@ -89,10 +89,10 @@ def claims(results: dict) -> list:
             adapted(ni, "capacity", u_min),
             (f"{u_max} functions", f"{u_min} functions"),
         ),
-        test("fig5c-drop-one", drop_loss),
-        test("fig3-paths-differ", [r["path_contrast"] for r in ni]),
-        test("fig4-types-cluster", clustering),
-        test("val-match", val),
+        decide_rule("fig5c-drop-one", drop_loss),
+        decide_rule("fig3-paths-differ", [r["path_contrast"] for r in ni]),
+        decide_rule("fig4-types-cluster", clustering),
+        decide_rule("val-match", val),
         paired(
             "ours-fig5a-matched",
             adapted(ni, "adaptation_valmatched", n_min),
@@ -105,8 +105,8 @@ def claims(results: dict) -> list:
             adapted(small, "adaptation", n_min),
             ("NI", "ViT (parameter-matched)"),
         ),
-        test("ours-more-iterations", more),
-        test("ours-extra-iterations", extra),
+        decide_rule("ours-more-iterations", more),
+        decide_rule("ours-extra-iterations", extra),
     ]
     reg = results.get("regime") or regime(results)
     out = [outside_regime(c, reg) for c in out]

@@ -11,6 +11,8 @@ from modnets.training import TrainConfig
 NAME = "digits"
 #: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
 SOURCE_PAPER = "Neural Interpreters"
+#: The folders below the data root it reads.
+DATA_FOLDERS = ("MNIST/raw", "KMNIST/raw", "MNIST-M/mnist_m")
 CHAPTER = "06_digits_adaptation"
 
 KINDS = ("ni", "vit", "vit_small")

@@ -137,7 +137,7 @@ def balanced_sample(labels: Tensor, n: int, seed: int) -> Tensor:
     return torch.cat([p[:k] for p, k in zip(per, take, strict=True)])
 
 
-def draws_for(config: DigitsConfig, seed: int) -> DigitsConfig:
+def for_seed(config: DigitsConfig, seed: int) -> DigitsConfig:
     """``config`` with the data draws of ``seed``: the pretraining subsets, the MNIST-M re-split
     and the K-MNIST pool and evaluation set all come from ``data_seed + seed``, so that the seeds
     are exchangeable draws of the whole experiment."""

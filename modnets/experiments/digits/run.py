@@ -34,7 +34,7 @@ from modnets.experiments.digits.config import (
 )
 from modnets.experiments.digits.data import (
     DigitsData,
-    draws_for,
+    for_seed,
     load_kmnist_data,
     load_pretraining_data,
 )
@@ -136,7 +136,7 @@ def _validation_match(trained: dict, snapshots: dict, models: dict) -> tuple[str
 def _seed_results(config: DigitsConfig, options: RunOptions, seed: int) -> dict:
     """Everything :func:`measure` records of pretraining ``seed`` (plain JSON, so that a worker
     process can compute it): ``{"rows": {kind: per-seed entry}, "routing": {...}}``."""
-    seeded = draws_for(config, seed)
+    seeded = for_seed(config, seed)
     data = load_pretraining_data(seeded.train, options.root, options.verify)
     kmnist = load_kmnist_data(seeded, options.root, options.verify)
     models: dict = {kind: {"per_seed": []} for kind in KINDS}

@@ -13,7 +13,7 @@ If the pretrained functions are reusable primitives, re-routing alone (``type``)
 to finetuning everything (``all``).
 
 Every model is trained from each seed of ``config.seeds``, and each seed draws its own task -- the
-30 functions and their points (:func:`task_for`) -- so that the seeds are exchangeable draws of
+30 functions and their points (:func:`for_seed`) -- so that the seeds are exchangeable draws of
 the whole experiment; the routing sweep chooses its settings on a selection seed that is never a
 claim seed. :func:`claims` tests NI Table 1 over the claim seeds.
 
@@ -37,11 +37,11 @@ from modnets.experiments.fuzzy_boolean.config import (
     CONFIGS,
     CPU_SPEED,
     FAMILIES,
+    FINETUNING_NAMES,
+    FINETUNINGS,
     NAME,
     PAPER,
     RECORDED_SWEEPS,
-    REGIME_NAMES,
-    REGIMES,
     SOURCE_PAPER,
     SWEPT,
     FuzzyBooleanConfig,
@@ -52,11 +52,11 @@ from modnets.experiments.fuzzy_boolean.config import (
 from modnets.experiments.fuzzy_boolean.data import (
     describe_functions,
     fit_points,
+    for_seed,
     load_data,
     reported_split,
     selection_split,
     target_scaler,
-    task_for,
 )
 from modnets.experiments.fuzzy_boolean.models import (
     TRAIN_CODE,
@@ -85,14 +85,14 @@ __all__ = [
     "CPU_SPEED",
     "EXPERIMENT",
     "FAMILIES",
+    "FINETUNINGS",
+    "FINETUNING_NAMES",
     "FuzzyBooleanConfig",
     "FuzzyBooleanSweep",
     "FuzzyBooleanTrain",
     "NAME",
     "PAPER",
     "RECORDED_SWEEPS",
-    "REGIMES",
-    "REGIME_NAMES",
     "REGIME_R2",
     "RULES",
     "SOURCE_PAPER",
@@ -106,6 +106,7 @@ __all__ = [
     "evaluate",
     "finetuned",
     "fit_points",
+    "for_seed",
     "format_summary",
     "load_data",
     "load_sweep_record",
@@ -122,7 +123,6 @@ __all__ = [
     "sweep",
     "sweep_record_path",
     "target_scaler",
-    "task_for",
     "train",
     "trained_models",
     "unswept",

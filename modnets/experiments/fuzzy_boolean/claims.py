@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.claims import holm, outside_regime, paired, test
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime, paired
 from modnets.experiments.core.stats import fmt, per_seed
-from modnets.experiments.fuzzy_boolean.config import PAPER, REGIME_NAMES, REGIMES
+from modnets.experiments.fuzzy_boolean.config import FINETUNING_NAMES, FINETUNINGS, PAPER
 
 #: The regime NI Table 1's claims presuppose: pretraining fits the functions (the paper: R²
 #: .9983 ± .0005); a model that has not learned them has no primitives to re-route.
@@ -33,7 +33,7 @@ def claims(results: dict) -> list:
     ]
     out = [
         paired("table1-type-beats-cls", typ, cls, ("type", "cls")),
-        test("table1-gap-closed", closed),
+        decide_rule("table1-gap-closed", closed),
         paired("ours-all-beats-type", all_, typ, ("all", "type")),
     ]
     reg = results.get("regime") or regime(results)
@@ -44,11 +44,11 @@ def summary(results: dict) -> list[tuple[str, str, str]]:
     """Rows ``(setting, ours: mean over functions, mean ± sd over seeds, paper: mean ± std over
     functions)``."""
     rows = []
-    for key in ("pretrain", *REGIMES):
+    for key in ("pretrain", *FINETUNINGS):
         p = PAPER[key]["value"]
         rows.append(
             (
-                REGIME_NAMES[key],
+                FINETUNING_NAMES[key],
                 fmt(results["models"][key]["mean_r2"], digits=4),
                 f"{p[0]:.4f} ± {p[1]:.4f}",
             )

@@ -14,9 +14,9 @@ NAME = "fuzzy_boolean"
 SOURCE_PAPER = "Neural Interpreters"
 CHAPTER = "05_fuzzy_boolean"
 
-REGIMES = ("cls", "type", "all")
+FINETUNINGS = ("cls", "type", "all")
 
-REGIME_NAMES = {
+FINETUNING_NAMES = {
     "pretrain": "All parameters (pretraining)",
     "cls": "Finetuning CLS tokens",
     "type": "+ type inference parameters",
@@ -58,13 +58,13 @@ class FuzzyBooleanTrain:
     num_pretrain_functions: int = 20
     num_finetune_functions: int = 10
     num_variables: int = 5
-    task_seed: int = 0  # the functions and their points (see :func:`task_for`)
+    task_seed: int = 0  # the functions and their points (see :func:`for_seed`)
     # "truth_tables": random truth tables in fuzzy DNF, what the paper's "2^(2^N)" counts;
     # "formulas": random and/or/not formulas of depth 2-3 sharing sub-expressions.
     family: str = "truth_tables"
     pretrain: TrainConfig = _tc(epochs=20, batch_size=256, lr=1e-3)
     finetune: TrainConfig = _tc(epochs=3, batch_size=256, lr=1e-3)
-    # per-regime finetuning learning rates, ((regime, lr), ...), overriding finetune.lr; the
+    # per-finetuning learning rates, ((finetuning, lr), ...), overriding finetune.lr; the
     # routing sweep (:func:`sweep`) chooses them on the selection split
     finetune_lrs: tuple = ()
     model: dict = field(default_factory=dict)
@@ -92,9 +92,10 @@ class FuzzyBooleanTrain:
         )
         return NIConfig(**{**base, **self.model})
 
-    def finetune_config(self, regime: str) -> TrainConfig:
-        """The finetuning optimiser of ``regime``: ``finetune`` at its rate in ``finetune_lrs``."""
-        lr = dict(self.finetune_lrs).get(regime)
+    def finetune_config(self, finetuning: str) -> TrainConfig:
+        """The optimiser of ``finetuning`` (one of :data:`FINETUNINGS`): ``finetune`` at its
+        rate in ``finetune_lrs``."""
+        lr = dict(self.finetune_lrs).get(finetuning)
         return self.finetune if lr is None else replace(self.finetune, lr=lr)
 
 
@@ -105,7 +106,7 @@ class FuzzyBooleanSweep:
     the pretraining's when ``None``) on the training points but the last
     ``selection_fraction``, which score it (R^2) and whose routing is diagnosed
     (:func:`modnets.diagnostics.routing`). :func:`choose_candidate` picks one, then each
-    finetuning regime gets the rate of ``finetune_lrs`` that scores best on the same cut of the
+    finetuning gets the rate of ``finetune_lrs`` that scores best on the same cut of the
     new functions' training points. The reported validation split is never read.
 
     Candidates train as long as the experiment's pretraining because routing moves with training
@@ -146,7 +147,7 @@ class FuzzyBooleanConfig:
 
 
 #: cpu: pretraining's step compiled and the optimiser fused (bench train_steps); finetuning stays
-#: eager: each regime trains other parameters, so compiles anew, for fewer steps than repay it
+#: eager: each finetuning trains other parameters, so compiles anew, for fewer steps than repay it
 CPU_SPEED = dict(compile=True, fused=True)
 
 CONFIGS = {

@@ -17,7 +17,7 @@ from modnets.data.fuzzy_boolean import (
 from modnets.experiments.fuzzy_boolean.config import FuzzyBooleanConfig, FuzzyBooleanTrain
 
 
-def task_for(train: FuzzyBooleanTrain, seed: int) -> FuzzyBooleanTrain:
+def for_seed(train: FuzzyBooleanTrain, seed: int) -> FuzzyBooleanTrain:
     """``train`` with the task of ``seed``: its functions and points drawn from
     ``task_seed + 10 seed`` (:func:`load_data` uses three consecutive seeds from there)."""
     return replace(train, task_seed=train.task_seed + 10 * seed)

@@ -1,4 +1,4 @@
-"""The NI of the fuzzy-Boolean experiment, what each finetuning regime trains, its loss and R^2,
+"""The NI of the fuzzy-Boolean experiment, what each finetuning trains, its loss and R^2,
 and the checkpointed pretraining and finetuning of one seed."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from modnets.data.fuzzy_boolean import MultiTaskData
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.fuzzy_boolean.config import (
+    FINETUNINGS,
     NAME,
-    REGIMES,
     FuzzyBooleanConfig,
     FuzzyBooleanTrain,
 )
@@ -29,18 +29,18 @@ def build_model(train: FuzzyBooleanTrain) -> NeuralInterpreter:
     return NeuralInterpreter(train.model_config())
 
 
-def set_trainable(model: NeuralInterpreter, regime: str) -> int:
-    """Freeze everything but the parameters of ``regime``; return the trainable count.
+def set_trainable(model: NeuralInterpreter, finetuning: str) -> int:
+    """Freeze everything but the parameters of ``finetuning``; return the trainable count.
 
     ``cls``: CLS tokens. ``type``: + type-inference MLPs, signatures and kernel bandwidths of every
     script. ``all``: everything (signatures included).
     """
-    if regime not in REGIMES:
-        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
+    if finetuning not in FINETUNINGS:
+        raise ValueError(f"finetuning must be one of {FINETUNINGS}, got {finetuning!r}")
     for p in model.parameters():
-        p.requires_grad_(regime == "all")
+        p.requires_grad_(finetuning == "all")
     model.cls.tokens.requires_grad_(True)
-    if regime == "type":
+    if finetuning == "type":
         for script in model.scripts:
             script.iteration.type_inference.requires_grad_(True)
             script.iteration.type_matching.requires_grad_(True)
@@ -135,7 +135,7 @@ def pretrained(
 
 def finetuned(
     t: FuzzyBooleanTrain,
-    regime: str,
+    finetuning: str,
     seed: int,
     weights: dict,
     points: MultiTaskData,
@@ -144,20 +144,20 @@ def finetuned(
     desc: str,
     options: RunOptions,
 ) -> tuple:
-    """``regime`` finetuned from the pretrained ``weights`` at its rate in ``t`` (checkpoint
-    ``fuzzy_boolean-<regime>``, keyed by that rate alone)."""
-    tc = t.finetune_config(regime)
+    """``finetuning`` finetuned from the pretrained ``weights`` at its rate in ``t`` (checkpoint
+    ``fuzzy_boolean-<finetuning>``, keyed by that rate alone)."""
+    tc = t.finetune_config(finetuning)
 
     def build():
         ft = build_model(t)
         ft.load_state_dict(weights)
         ft.reset_cls_tokens(t.num_finetune_functions)
-        set_trainable(ft, regime)
+        set_trainable(ft, finetuning)
         return ft
 
     model, hist = load_or_train(
-        f"{NAME}-{regime}",
-        replace(t, finetune_lrs=((regime, tc.lr),)),
+        f"{NAME}-{finetuning}",
+        replace(t, finetune_lrs=((finetuning, tc.lr),)),
         seed,
         build,
         lambda model, stage: train(model, points, tc, stage),
@@ -166,7 +166,7 @@ def finetuned(
         options=options,
         desc=desc,
     )
-    set_trainable(model, regime)
+    set_trainable(model, finetuning)
     return model, hist
 
 
@@ -177,8 +177,8 @@ def trained_models(
     options: RunOptions | None = None,
     **flags,
 ) -> dict[str, tuple[nn.Module, dict]]:
-    """``{"pretrain" | regime: (model, history)}`` at ``seed``: each loaded from its checkpoint
-    or trained (pretraining first, then each regime from the same pretrained weights), on the
+    """``{"pretrain" | finetuning: (model, history)}`` at ``seed``: each loaded from its checkpoint
+    or trained (pretraining first, then each finetuning from the same pretrained weights), on the
     points of :func:`fit_points`. ``config.train`` is used as it is: pass the one
     :func:`sweep` returns (as :func:`run` does) to get the swept choice. ``options``
     (:class:`RunOptions`), or its fields by keyword."""
@@ -196,15 +196,15 @@ def trained_models(
     )
     out = {"pretrain": (pre, history)}
     weights = copy.deepcopy(pre.state_dict())
-    for regime in REGIMES:
-        out[regime] = finetuned(
+    for finetuning in FINETUNINGS:
+        out[finetuning] = finetuned(
             t,
-            regime,
+            finetuning,
             seed,
             weights,
             new_fit,
             fingerprint=fingerprint,
-            desc=f"finetune [{regime}] (seed {seed})",
+            desc=f"finetune [{finetuning}] (seed {seed})",
             options=options,
         )
     return out

@@ -17,16 +17,16 @@ from modnets.experiments.core.experiment import Measurement
 from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.experiments.fuzzy_boolean.config import (
-    REGIMES,
+    FINETUNINGS,
     FuzzyBooleanConfig,
     FuzzyBooleanTrain,
 )
 from modnets.experiments.fuzzy_boolean.data import (
     describe_functions,
     fit_points,
+    for_seed,
     load_data,
     reported_split,
-    task_for,
 )
 from modnets.experiments.fuzzy_boolean.models import (
     build_model,
@@ -61,7 +61,7 @@ def _train_seed(
 ) -> None:
     """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`run`'s
     loop, ahead of it in a worker process."""
-    seeded = replace(config, train=task_for(chosen, seed))
+    seeded = replace(config, train=for_seed(chosen, seed))
     trained_models(seeded, seed, options=options.quiet())
 
 
@@ -77,10 +77,10 @@ def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
     chosen, sweep_report = sweep(config, options=options)
     train = functools.partial(_train_seed, config, chosen, options)
     harness.train_ahead(train, config.seeds, options, "claim seeds", whole_rounds=True)
-    models = {k: {"per_seed": []} for k in ("pretrain", *REGIMES)}
+    models = {k: {"per_seed": []} for k in ("pretrain", *FINETUNINGS)}
     routing, shifts, functions = [], [], {}
     for seed in config.seeds:
-        seeded = replace(config, train=task_for(chosen, seed))
+        seeded = replace(config, train=for_seed(chosen, seed))
         data = load_data(seeded.train)
         pre_data, new_data, drawn = data
         functions[seed] = describe_functions(drawn)
@@ -110,7 +110,7 @@ def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
                 "seed": seed,
                 **{
                     r: diagnostics.ni_routing_shift(trained["pretrain"][0], trained[r][0], x_new)
-                    for r in REGIMES
+                    for r in FINETUNINGS
                 },
             }
         )

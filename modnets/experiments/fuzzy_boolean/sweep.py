@@ -13,14 +13,14 @@ from modnets.experiments.core import fingerprints
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.fuzzy_boolean.config import (
     CONFIGS,
+    FINETUNINGS,
     NAME,
     RECORDED_SWEEPS,
-    REGIMES,
     FuzzyBooleanConfig,
     FuzzyBooleanTrain,
     unswept,
 )
-from modnets.experiments.fuzzy_boolean.data import fit_points, load_data, selection_split, task_for
+from modnets.experiments.fuzzy_boolean.data import fit_points, for_seed, load_data, selection_split
 from modnets.experiments.fuzzy_boolean.models import evaluate, finetuned, pretrained
 
 
@@ -72,19 +72,19 @@ def sweep(
 ) -> tuple[FuzzyBooleanTrain, dict]:
     """Run ``config.sweep`` (see :class:`FuzzyBooleanSweep`): ``(train, report)``, where
     ``train`` is ``config.train`` with the chosen ``truncation``, ``type_dim``,
-    ``straight_through`` and per-regime finetuning rates, and ``report`` holds every
+    ``straight_through`` and per-finetuning learning rates, and ``report`` holds every
     candidate's selection R^2 and routing, and every rate's selection R^2. Candidates and their
     finetunes are checkpointed like the experiment's own models (``fuzzy_boolean-pretrain``,
-    ``fuzzy_boolean-<regime>``, seed ``config.sweep.seed``) on that seed's own task
-    (:func:`task_for`): the chosen ones *are* that seed's models, which :func:`trained_models`
-    loads given ``task_for(train, config.sweep.seed)``; ``options.resume`` continues an
+    ``fuzzy_boolean-<finetuning>``, seed ``config.sweep.seed``) on that seed's own task
+    (:func:`for_seed`): the chosen ones *are* that seed's models, which :func:`trained_models`
+    loads given ``for_seed(train, config.sweep.seed)``; ``options.resume`` continues an
     interrupted one (``options``: :class:`RunOptions`, or its fields by keyword). The sweep's
     seed is a selection seed, never a claim seed."""
     options = resolved(options, flags)
     sw, base = config.sweep, config.train
     if sw is None:
         return base, {}
-    t = task_for(base, sw.seed)  # the selection seed's own task
+    t = for_seed(base, sw.seed)  # the selection seed's own task
     data = load_data(t) if data is None else data
     pre_sel, new_sel = (selection_split(d, sw.selection_fraction) for d in data[:2])
     pre_fit, new_fit, fingerprint = fit_points(config, data)
@@ -119,21 +119,21 @@ def sweep(
     tc, chosen_model = models[best]
     weights = copy.deepcopy(chosen_model.state_dict())
     lr_scores: dict = {}
-    for regime in REGIMES:
-        lr_scores[regime] = {}
+    for finetuning in FINETUNINGS:
+        lr_scores[finetuning] = {}
         for lr in sorted(sw.finetune_lrs):
             model, _ = finetuned(
-                replace(tc, finetune_lrs=((regime, lr),)),
-                regime,
+                replace(tc, finetune_lrs=((finetuning, lr),)),
+                finetuning,
                 sw.seed,
                 weights,
                 new_fit,
                 fingerprint=fingerprint,
-                desc=f"sweep: finetune [{regime}] lr {lr:g}",
+                desc=f"sweep: finetune [{finetuning}] lr {lr:g}",
                 options=options,
             )
-            lr_scores[regime][lr] = evaluate(model, new_sel).mean().item()
-    # the best rate per regime (ties: the smaller)
+            lr_scores[finetuning][lr] = evaluate(model, new_sel).mean().item()
+    # the best rate per finetuning (ties: the smaller)
     lrs = tuple((r, max(v, key=lambda lr, v=v: (v[lr], -lr))) for r, v in lr_scores.items())
     chosen = {k: rows[best][k] for k in ("truncation", "type_dim", "straight_through")}
     report = {

@@ -11,13 +11,15 @@ from modnets.training import TrainConfig
 NAME = "side_by_side"
 #: The paper whose claims it tests: none, every claim here is ours, and the chapter that runs it.
 SOURCE_PAPER = ""
+#: The folders below the data root it reads.
+DATA_FOLDERS = ("MNIST/raw", "KMNIST/raw")
 CHAPTER = "11b_side_by_side"
 
 #: No paper makes these claims: every claim here is ours.
 PAPER: dict = {}
 
 #: Checkpoint suffix -> the model's name in the results.
-MODELS = {
+MODEL_NAMES = {
     "cnn": "CNN",
     "nfm": "NFM(CNN)",
     "vit": "ViT",

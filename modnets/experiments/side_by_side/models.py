@@ -19,7 +19,7 @@ from modnets.experiments.core.harness import Stage
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.side_by_side.config import (
     ARCH,
-    MODELS,
+    MODEL_NAMES,
     NAME,
     SideBySideConfig,
     SideBySideTrain,
@@ -65,11 +65,11 @@ def _nac_config(dim: int, ffn_hidden: int, num_processors: int, prior: str | Non
 
 
 def build_model(kind: str, train: SideBySideTrain, seed: int | None = None) -> nn.Module:
-    """Model ``kind`` (a key of :data:`MODELS`) at :data:`ARCH`'s size for ``train``'s
+    """Model ``kind`` (a key of :data:`MODEL_NAMES`) at :data:`ARCH`'s size for ``train``'s
     canvases; ``seed`` seeds the RNGs first. NFM(CNN) is the CNN of the same seed with NFM added
     (``gamma = 0``: at initialisation it computes what the CNN computes)."""
-    if kind not in MODELS:
-        raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+    if kind not in MODEL_NAMES:
+        raise ValueError(f"kind must be one of {tuple(MODEL_NAMES)}, got {kind!r}")
     if seed is not None:
         seed_everything(seed)
     if kind in ("cnn", "nfm"):
@@ -190,7 +190,7 @@ def trained_model(
         code=TRAIN_CODE,
         data=harness.data_fingerprint(*_mnist_files()),
         options=options,
-        desc=f"{MODELS[kind]} (seed {seed}, lr {lr:g})",
+        desc=f"{MODEL_NAMES[kind]} (seed {seed}, lr {lr:g})",
     )
 
 

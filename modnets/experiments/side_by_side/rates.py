@@ -9,7 +9,7 @@ import numpy as np
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.side_by_side.config import MODELS, SideBySideConfig
+from modnets.experiments.side_by_side.config import MODEL_NAMES, SideBySideConfig
 from modnets.experiments.side_by_side.models import mean_exact, trained_model
 
 #: The models by their training time per step on this task, slowest first.
@@ -26,7 +26,7 @@ def choose_rates(config: SideBySideConfig, data: dict, options: RunOptions) -> d
     """Per model, the learning rate of ``config.train.lrs`` with the best validation accuracy
     averaged over the selection seeds (ties: the smaller rate): ``{kind: {"lr", "scores"}}``."""
     out = {}
-    for kind in MODELS:
+    for kind in MODEL_NAMES:
         scores = {}
         for lr in config.train.lrs:
             accs = []

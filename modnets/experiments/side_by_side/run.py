@@ -16,7 +16,7 @@ from modnets.experiments.core.experiment import Measurement
 from modnets.experiments.core.options import RunOptions
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
 from modnets.experiments.side_by_side.config import (
-    MODELS,
+    MODEL_NAMES,
     SideBySideConfig,
 )
 from modnets.experiments.side_by_side.data import inputs, test_data, training_data
@@ -50,7 +50,7 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
             batch_size=t.batch_size,
             steps=steps,
         )
-        for kind, name in MODELS.items()
+        for kind, name in MODEL_NAMES.items()
     ]
 
 
@@ -71,15 +71,15 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
         if config.learning_rates is None:
             rates = select_rates(config, data, options)
         else:  # chosen by the same selection, run apart and recorded
-            rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODELS}
+            rates = {k: {"lr": config.learning_rates[k], "scores": None} for k in MODEL_NAMES}
         # the slowest models first, so that the two workers finish together
         claim_tasks = [(s, k, rates[k]["lr"]) for k in HEAVIEST_FIRST for s in config.seeds]
         harness.train_ahead(train, claim_tasks, options, "models")
-    models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODELS.items()}
+    models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODEL_NAMES.items()}
     last = {}
     for seed in config.seeds:
         tests = test_data(config, seed)
-        for kind, name in MODELS.items():
+        for kind, name in MODEL_NAMES.items():
             lr = rates[kind]["lr"]
             model, history = trained_model(kind, config, seed, data, options, lr=lr)
             row = {"seed": seed, "history": history}
@@ -93,5 +93,5 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
             last[name] = model
     for name, c in costs(last, config).items():
         models[name]["costs"] = c
-    diagnostics = {"learning_rates": {MODELS[k]: v for k, v in rates.items()}}
+    diagnostics = {"learning_rates": {MODEL_NAMES[k]: v for k, v in rates.items()}}
     return Measurement(models, diagnostics, config, config.selection_seeds)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.side_by_side.config import CONFIGS, MODELS, recorded_path
+from modnets.experiments.side_by_side.config import CONFIGS, MODEL_NAMES, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
 from modnets.experiments.side_by_side.rates import select_rates
@@ -42,7 +42,7 @@ def selection(profile: str | None = None, workers: int | None = None, show_progr
         "train": asdict(config.train),
         "learning_rates": {k: r["lr"] for k, r in rates.items()},
         "val_exact": {
-            MODELS[k]: {str(lr): a for lr, a in r["scores"].items()} for k, r in rates.items()
+            MODEL_NAMES[k]: {str(lr): a for lr, a in r["scores"].items()} for k, r in rates.items()
         },
         "provenance": harness.provenance(start, TRAIN_CODE),
     }
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         tmp.write_text(json.dumps(result, indent=1))
     for kind, lr in result["learning_rates"].items():
         print(
-            f"{MODELS[kind]}: lr {lr:g}  (validation exact-match {result['val_exact'][MODELS[kind]]})"
+            f"{MODEL_NAMES[kind]}: lr {lr:g}  (validation exact-match {result['val_exact'][MODEL_NAMES[kind]]})"
         )
     print(f"recorded: {path}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.claims import holm, outside_regime, paired, test
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime, paired
 from modnets.experiments.stacked_mnist.analysis import convergence_gain, held_out
 from modnets.experiments.stacked_mnist.config import PAPER
 from modnets.experiments.stacked_mnist.rules import RULES
@@ -89,7 +89,7 @@ def claims(results: dict) -> list:
     if held and trained:
         held_gain = np.mean([gain(c) for c in held], axis=0)
         trained_gain = np.mean([gain(c) for c in trained], axis=0)
-        out.append(test("table5-interaction", (held_gain - trained_gain).tolist()))
+        out.append(decide_rule("table5-interaction", (held_gain - trained_gain).tolist()))
     reg = results.get("regime") or regime(results)
     return holm([outside_regime(c, reg) for c in out], "NFM")
 

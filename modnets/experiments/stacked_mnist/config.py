@@ -11,6 +11,8 @@ from modnets.training import TrainConfig
 NAME = "stacked_mnist"
 #: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
 SOURCE_PAPER = "Neural Function Modules"
+#: The folders below the data root it reads.
+DATA_FOLDERS = ("MNIST/raw",)
 CHAPTER = "11_neural_function_modules"
 
 #: NFM Table 5 (test accuracy %, mean and std over the paper's runs): trained on (1, 3) or (1, 5)
@@ -57,7 +59,7 @@ PAPER = {
 }
 
 #: Checkpoint suffix -> the model's name in the results (and in Table 5).
-MODELS = {"cnn": "CNN", "nfm": "NFM(CNN)"}
+MODEL_NAMES = {"cnn": "CNN", "nfm": "NFM(CNN)"}
 
 #: Parameters that get no gradient at initialisation, by design (see :func:`dry_run`).
 ZERO_GRAD_AT_INIT = {
@@ -146,8 +148,8 @@ class StackedMNISTTrain:
         compiled (so few steps never repay NFM(CNN)'s compilation), and
         NFM(CNN)'s weights in the default layout (most of its step is its reads, which
         channels-last convolutions do not speed)."""
-        if kind not in MODELS:
-            raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+        if kind not in MODEL_NAMES:
+            raise ValueError(f"kind must be one of {tuple(MODEL_NAMES)}, got {kind!r}")
         channels_last = self.optim.channels_last and kind == "cnn"
         return replace(
             self.optim, epochs=self.finetune_epochs, compile=False, channels_last=channels_last

@@ -17,7 +17,7 @@ from modnets.experiments.core import harness
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.stacked_mnist.config import (
-    MODELS,
+    MODEL_NAMES,
     NAME,
     NFM_ONLY,
     VAL_BATCH,
@@ -38,8 +38,8 @@ def build_model(kind: str, train: StackedMNISTTrain, seed: int | None = None) ->
     """``"cnn"`` (App. C's CNN) or ``"nfm"``: the same CNN (the same initial weights when built
     from the same RNG state, e.g. the same ``seed``) with NFM added around its stages,
     ``gamma = 0``. ``seed`` seeds the RNGs first (:func:`harness.load_or_train` does that)."""
-    if kind not in MODELS:
-        raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+    if kind not in MODEL_NAMES:
+        raise ValueError(f"kind must be one of {tuple(MODEL_NAMES)}, got {kind!r}")
     if seed is not None:
         seed_everything(seed)
     cnn = ConvNet(
@@ -137,8 +137,8 @@ def trained_model(
     With ``finetune_epochs`` (see :class:`StackedMNISTTrain`) the CNN is first trained for
     ``optim.epochs`` (its own checkpoint, shared by both kinds), then ``kind`` goes on from it;
     the pretraining's history is kept in the returned history as ``"pretrain"``."""
-    if kind not in MODELS:
-        raise ValueError(f"kind must be one of {tuple(MODELS)}, got {kind!r}")
+    if kind not in MODEL_NAMES:
+        raise ValueError(f"kind must be one of {tuple(MODEL_NAMES)}, got {kind!r}")
     options = resolved(options, flags)
     t = config.train
     data = training_data(t, options.root, options.verify) if data is None else data
@@ -154,7 +154,7 @@ def trained_model(
             code=TRAIN_CODE,
             data=fingerprint,
             options=options,
-            desc=f"{MODELS[kind]} (seed {seed})",
+            desc=f"{MODEL_NAMES[kind]} (seed {seed})",
         )
     cnn, pre_hist = pretrained_cnn(config, seed, data, options)
     weights = {k: v.detach().clone() for k, v in cnn.state_dict().items()}
@@ -174,7 +174,7 @@ def trained_model(
         code=TRAIN_CODE,
         data=fingerprint,
         options=options,
-        desc=f"{MODELS[kind]}, finetuning (seed {seed})",
+        desc=f"{MODEL_NAMES[kind]}, finetuning (seed {seed})",
     )
     return model, {**hist, "pretrain": pre_hist}
 

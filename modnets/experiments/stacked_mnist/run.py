@@ -20,7 +20,7 @@ from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.experiments.stacked_mnist.analysis import held_out, ood_dips, read_matrix, traced_reads
 from modnets.experiments.stacked_mnist.claims import _convergence
 from modnets.experiments.stacked_mnist.config import (
-    MODELS,
+    MODEL_NAMES,
     StackedMNISTConfig,
 )
 from modnets.experiments.stacked_mnist.data import inputs, load_test_canvases, training_data
@@ -57,7 +57,7 @@ def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
             batch_size=b,
             steps=steps[kind],
         )
-        for kind, name in MODELS.items()
+        for kind, name in MODEL_NAMES.items()
     ]
 
 
@@ -98,7 +98,7 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     workers, root, verify = options.workers, options.root, options.verify
     data = training_data(config.train, root, verify)
     held = held_out(config)
-    models = {name: {"per_seed": []} for name in MODELS.values()}
+    models = {name: {"per_seed": []} for name in MODEL_NAMES.values()}
     diag_per_seed = []
     train = functools.partial(_train_task, config, options)
     rounds = _tasks(config)
@@ -117,7 +117,7 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
-        for kind, name in MODELS.items():
+        for kind, name in MODEL_NAMES.items():
             model, history = trained_model(kind, config, seed, data, options)
             test = {c: evaluate(model, ds, config.eval_batch) for c, ds in tests.items()}
             models[name]["per_seed"].append(
@@ -132,7 +132,8 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
             if kind == "nfm":
                 diag.update(_nfm_reads(model, tests, config))
         diag["convergence"] = {
-            name: _convergence(models[name]["per_seed"][-1]["history"]) for name in MODELS.values()
+            name: _convergence(models[name]["per_seed"][-1]["history"])
+            for name in MODEL_NAMES.values()
         }
         # the other heads' plain CNN, by the same protocol: only its dip is wanted
         diag["heads"] = {
@@ -187,7 +188,7 @@ def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConf
             c: seed_stats([d["ood_dip"][name][c] for d in diag_per_seed])
             for c in first["ood_dip"][name]
         }
-        for name in MODELS.values()
+        for name in MODEL_NAMES.values()
     }
     heads = {
         pool: {

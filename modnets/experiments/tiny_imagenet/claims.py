@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.claims import holm, outside_regime, paired, test, untestable
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime, paired, untestable
 from modnets.experiments.core.stats import fmt, per_seed, seed_stats
 from modnets.experiments.tiny_imagenet.analysis import point_at
 from modnets.experiments.tiny_imagenet.config import DROP_AT, PAPER
@@ -113,8 +113,8 @@ def claims(results: dict) -> list:
             [n for _, n, _ in flops],
             ("Perceiver IO lost", f"NAC lost (at 1/{cut:.1f} of the NAC's FLOPs)"),
         ),
-        test("fig5a-drop80", per_seed(nac, "relative_lost_at80")),
-        test("fig10-edges", per_seed(nac, "relative_lost_edges90")),
+        decide_rule("fig5a-drop80", per_seed(nac, "relative_lost_at80")),
+        decide_rule("fig10-edges", per_seed(nac, "relative_lost_edges90")),
     ]
     flop_cut = float(
         np.mean([r["speed"][0]["gflops"] / point_at(r["speed"], DROP_AT)["gflops"] for r in nac])
@@ -129,7 +129,7 @@ def claims(results: dict) -> list:
             )
         )
     else:
-        out.append(test("fig5b-speedup", per_seed(nac, "speedup_at80")))
+        out.append(decide_rule("fig5b-speedup", per_seed(nac, "speedup_at80")))
     robust = "NAC (ring_of_cliques)"
     if "NAC (scale_free)" in m and robust in m:
         sf, rc = _paired(
@@ -151,7 +151,9 @@ def claims(results: dict) -> list:
     speedups = per_seed(nac, "speedup_at80")
     cuts = [r["speed"][0]["gflops"] / point_at(r["speed"], DROP_AT)["gflops"] for r in nac]
     out += [
-        test("ours-throughput-tracks-flops", [s / c for s, c in zip(speedups, cuts, strict=True)]),
+        decide_rule(
+            "ours-throughput-tracks-flops", [s / c for s, c in zip(speedups, cuts, strict=True)]
+        ),
         paired(
             "ours-least-vs-random",
             per_seed(nac, "top1_at80"),

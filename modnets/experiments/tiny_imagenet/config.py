@@ -13,6 +13,8 @@ from modnets.training import TrainConfig
 NAME = "tiny_imagenet"
 #: The paper whose claims it tests (chapter 13 groups by it), and the chapter that runs it.
 SOURCE_PAPER = "Neural Attentive Circuits"
+#: The folders below the data root it reads.
+DATA_FOLDERS = ("TinyImageNet/tiny-imagenet-200",)
 CHAPTER = "10_tiny_imagenet_pruning"
 
 DROP_AT = 0.8  # the fraction of modules dropped that Figs. 5a, 5b and 15 are tested at

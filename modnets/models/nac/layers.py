@@ -12,6 +12,18 @@ from modnets.nn.residual import LayerScale, code_noise, drop_path
 from modnets.nn.skmdpa import SKMDPA
 
 
+def _ffn(c: NACConfig) -> ModFFN:
+    """The modulated FFN of a propagator and of the read-out (NAC App. A)."""
+    return ModFFN(
+        c.dim,
+        c.dim,
+        c.code_dim,
+        hidden_features=c.ffn_hidden,
+        activation=c.activation,
+        alpha=modfc_alpha(c),
+    )
+
+
 class ModulatedAttention(nn.Module):
     """SKMDPA with ModFC projections, each conditioned on its own module's code (NAC §2).
 
@@ -67,14 +79,7 @@ class Propagator(nn.Module):
         c = config
         self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth)
-        self.ffn = ModFFN(
-            c.dim,
-            c.dim,
-            c.code_dim,
-            hidden_features=c.ffn_hidden,
-            activation=c.activation,
-            alpha=modfc_alpha(c),
-        )
+        self.ffn = _ffn(c)
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
@@ -111,14 +116,7 @@ class ReadOut(nn.Module):
         self.norm_q, self.norm_kv = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth, truncated=c.read_out_truncation)
         self.norm_ffn = nn.LayerNorm(c.dim)
-        self.ffn = ModFFN(
-            c.dim,
-            c.dim,
-            c.code_dim,
-            hidden_features=c.ffn_hidden,
-            activation=c.activation,
-            alpha=modfc_alpha(c),
-        )
+        self.ffn = _ffn(c)
         self.scale_attn, self.scale_ffn = (
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
