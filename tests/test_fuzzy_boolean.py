@@ -1,4 +1,4 @@
-"""NI §4.1: fuzzy Boolean functions, the R^2 metric, the finetuning regimes, the experiment."""
+"""NI §4.1: fuzzy Boolean functions, the R^2 metric, the finetunings, the experiment."""
 
 import dataclasses
 import importlib
@@ -162,7 +162,7 @@ def test_r2_equals_reference():
     assert r2_score(torch.from_numpy(y), torch.from_numpy(y)).eq(1).all()
 
 
-def test_regimes_freeze_exactly_the_intended_parameters():
+def test_each_finetuning_freezes_exactly_the_intended_parameters():
     t = fb.CONFIGS["smoke"].train
     model = fb.build_model(t)
     model.reset_cls_tokens(t.num_finetune_functions)
@@ -178,7 +178,7 @@ def test_regimes_freeze_exactly_the_intended_parameters():
     assert not any(p.requires_grad for p in script.code_chunks)
     assert not any(p.requires_grad for p in model.heads.parameters())
     assert fb.set_trainable(model, "all") == n_all
-    with pytest.raises(ValueError, match="regime"):
+    with pytest.raises(ValueError, match="finetuning must be one of"):
         fb.set_trainable(model, "heads")
 
 
