@@ -29,98 +29,37 @@ PROFILES = ("cpu", "gpu")
 FORMAT = "modnets-pretrained-1"
 
 
-def _experiment(name: str, profile: str):
-    from modnets.experiments import get
+@functools.cache
+def _variants() -> dict[str, tuple[Callable[..., nn.Module], Callable, str]]:
+    """``name -> (build(**overrides), example(batch), what it is)``: every model an experiment
+    registers (:class:`~modnets.experiments.core.experiment.RegisteredModel`), once per profile,
+    found when first asked for (importing modnets imports no experiment)."""
+    from modnets.experiments import get, list_experiments
     from modnets.profiles import select
 
-    return select(get(name).configs, profile)
-
-
-def _replace(config, overrides: dict):
-    """``config`` with ``overrides`` (validated by the config's own checks)."""
-    known = {f.name for f in dataclasses.fields(config)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown {type(config).__name__} fields {unknown}")
-    return dataclasses.replace(config, **overrides)
-
-
-# ----------------------------------------------------------------------------- the variants
-
-
-def _ni_fuzzy(profile: str, **overrides) -> nn.Module:
-    from modnets.models.ni import NeuralInterpreter
-
-    config = _experiment("fuzzy_boolean", profile).train.model_config()
-    return NeuralInterpreter(_replace(config, overrides))
-
-
-def _ni_digits(profile: str, **overrides) -> nn.Module:
-    from modnets.models.ni import NeuralInterpreter
-
-    config = _experiment("digits", profile).train.ni_config()
-    return NeuralInterpreter(_replace(config, overrides))
-
-
-def _vit_digits(profile: str, small: bool = False, depth: int | None = None, **overrides):
-    from modnets.models.baselines import ViT
-
-    train = _experiment("digits", profile).train
-    default = train.vit_small_depth if small else train.vit_depth
-    config = _replace(train.vit_config(small=small), overrides)
-    return ViT(config, depth=default if depth is None else depth)
-
-
-def _circuit(kind: str, profile: str, **overrides) -> nn.Module:
-    from modnets.models.baselines import PerceiverIO
-    from modnets.models.nac import NeuralAttentiveCircuit
-    from modnets.nn.tokens import ConvTokenizer
-
-    train = _experiment("tiny_imagenet", profile).train
-    config = _replace(train.nac_config("scale_free"), overrides)
-    model = NeuralAttentiveCircuit if kind == "nac" else PerceiverIO
-    return model(config, ConvTokenizer(**train.tokenizer))
-
-
-def _convnet(nfm: bool, profile: str, **overrides) -> nn.Module:
-    from modnets.models.nfm import ConvNet
-
-    t = _experiment("stacked_mnist", profile).train
-    kwargs = dict(in_channels=1, num_outputs=10, width=t.width, block=t.block, pool=t.pool)
-    return ConvNet(**{**kwargs, "nfm": t.nfm() if nfm else None, **overrides})
-
-
-_FAMILIES: dict[str, tuple[Callable[..., nn.Module], str]] = {
-    # name: (builder taking the profile, the chapter that trains it)
-    "ni_fuzzy_boolean": (_ni_fuzzy, "chapter 5, NI §4.1"),
-    "ni_digits": (_ni_digits, "chapter 6, NI §4.2"),
-    "vit_digits": (_vit_digits, "chapter 6, NI §4.2's baseline"),
-    "vit_small_digits": (functools.partial(_vit_digits, small=True), "chapter 6, size-matched"),
-    "nac_tiny_imagenet": (functools.partial(_circuit, "nac"), "chapter 10, NAC §4.1"),
-    "pio_tiny_imagenet": (functools.partial(_circuit, "pio"), "chapter 10, the baseline"),
-    "cnn_stacked_mnist": (functools.partial(_convnet, False), "chapter 11, NFM App. C"),
-    "nfm_stacked_mnist": (functools.partial(_convnet, True), "chapter 11, NFM §4.2"),
-}
-
-#: ``name -> (builder(**overrides), what it is)``, one entry per family and profile.
-MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
-    f"{family}_{profile}": (functools.partial(build, profile), f"{what} ({profile} profile)")
-    for family, (build, what) in _FAMILIES.items()
-    for profile in PROFILES
-}
+    out = {}
+    for experiment in map(get, list_experiments()):
+        for family, model in experiment.registered.items():
+            for profile in PROFILES:
+                config = select(experiment.configs, profile)
+                build = functools.partial(model.build, config)
+                example = functools.partial(model.example, config)
+                out[f"{family}_{profile}"] = (build, example, f"{model.what} ({profile} profile)")
+    return out
 
 
 def list_models(pattern: str = "*") -> list[str]:
     """The registered names matching the shell-style ``pattern`` (``"ni_*"``), sorted."""
-    return sorted(fnmatch.filter(MODELS, pattern))
+    return sorted(fnmatch.filter(_variants(), pattern))
 
 
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
     """The model ``name`` (one of :func:`list_models`), untrained, with ``overrides`` applied to
     its configuration. ``pretrained``: no trained weights are published with the library; train
     with the experiment and load a folder with :func:`from_pretrained`."""
-    if name not in MODELS:
-        close = difflib.get_close_matches(name, MODELS, n=3)
+    variants = _variants()
+    if name not in variants:
+        close = difflib.get_close_matches(name, variants, n=3)
         hint = f"; did you mean {close}?" if close else ""
         raise ValueError(f"name must be one of list_models(), got {name!r}{hint}")
     if pretrained:
@@ -128,24 +67,16 @@ def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
             "pretrained=True: modnets publishes no trained weights; train the model with its "
             "experiment, save it with save_pretrained and load it with from_pretrained"
         )
-    model = MODELS[name][0](**overrides)
+    model = variants[name][0](**overrides)
     model.registry_name, model.registry_overrides = name, _plain(overrides)
     return model
 
 
 def example_input(name: str, batch: int = 2) -> torch.Tensor:
     """A random input of the shape model ``name`` reads, ``batch`` samples."""
-    model = create_model(name)
-    config = getattr(model, "config", None)
-    if name.startswith("ni_fuzzy"):
-        return torch.rand(batch, config.num_elements)
-    if name.startswith(("ni_", "vit_")):
-        return torch.randn(batch, config.in_channels, config.image_size, config.image_size)
-    if name.startswith(("nac_", "pio_")):
-        return torch.randn(batch, 3, 64, 64)
-    from modnets.data.stacked_mnist import CANVAS_SIZE
-
-    return torch.randn(batch, 1, CANVAS_SIZE, CANVAS_SIZE)
+    if name not in _variants():
+        create_model(name)  # says what the names are
+    return _variants()[name][1](batch)
 
 
 # ----------------------------------------------------------------------------- save and load

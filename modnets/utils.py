@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import random
@@ -71,6 +72,18 @@ def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:
             f"{name}.to({weight.dtype}) or convert the model with .to({x.dtype})"
         )
     return x
+
+
+def replace_fields(config, overrides: dict):
+    """``config`` (a dataclass) with ``overrides``, checked by the config's own validation; a
+    name that is not one of its fields is refused, naming the fields that are."""
+    known = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown {type(config).__name__} fields {unknown}; the fields are {sorted(known)}"
+        )
+    return dataclasses.replace(config, **overrides)
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:

@@ -23,7 +23,7 @@ def _ni(config):
 
 def _fuzzy():
     t = fuzzy_boolean.CONFIGS["smoke"].train
-    return fuzzy_boolean.build_model(t), lambda b: torch.rand(b, t.num_variables)
+    return fuzzy_boolean.build_model("ni", t), lambda b: torch.rand(b, t.num_variables)
 
 
 def _nac():

@@ -164,7 +164,7 @@ def test_r2_equals_reference():
 
 def test_each_finetuning_freezes_exactly_the_intended_parameters():
     t = fb.CONFIGS["smoke"].train
-    model = fb.build_model(t)
+    model = fb.build_model("ni", t)
     model.reset_cls_tokens(t.num_finetune_functions)
     script = model.scripts[0]
     n_cls = model.cls.tokens.numel()
@@ -281,7 +281,7 @@ def test_sweep_never_reads_the_reported_split_and_applies_its_choice(tmp_path, m
     pre, new, _ = fb.load_data(config.train)
     guarded = tuple(_ValGuarded(d.x_train, d.y_train, d.x_val, d.y_val) for d in (pre, new))
     with pytest.raises(AssertionError, match="reported split"):  # the guard works
-        fb.evaluate(fb.build_model(config.train), guarded[0])
+        fb.evaluate(fb.build_model("ni", config.train), guarded[0])
     train, report = fb.sweep(config, data=(*guarded, None), show_progress=False)
     cands = report["candidates"]
     assert len(cands) == len(config.sweep.candidates()) == 2

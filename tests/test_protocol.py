@@ -37,7 +37,7 @@ from torch import nn
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import decide_rule, holm, outside_regime
-from modnets.experiments.core.experiment import Experiment, Measurement
+from modnets.experiments.core.experiment import Experiment, Measurement, RegisteredModel
 from modnets.experiments.core.rule import Rule
 from modnets.experiments.core.rules import declare
 from modnets.experiments.core.stats import per_seed, seed_stats
@@ -120,6 +120,14 @@ def dry_run(config):
     return [dataclasses.replace(part, batch_size=16, steps=config.epochs * config.points // 16)]
 
 
+REGISTERED = {
+    "line_toy": RegisteredModel(
+        lambda config, **overrides: nn.Linear(1, 1, **overrides),
+        lambda config, batch: torch.randn(batch, 1),
+        "the toy line",
+    )
+}
+
 EXPERIMENT = Experiment.from_namespace(globals())
 '''
 
@@ -127,6 +135,7 @@ EXPERIMENT = Experiment.from_namespace(globals())
 #: table, chapter 13's report code (the papers it iterates, the claims it reads).
 CHECKS = """
 import json, sys
+import modnets
 from modnets.experiments import get, list_experiments
 from modnets.experiments.core import budget, report
 from modnets.experiments.core.results import load_results
@@ -137,6 +146,7 @@ claims, results, missing = report.load_claims(report.papers()["A toy paper"], "s
 out["claims"] = [c["id"] for c in claims]
 out["missing"] = missing
 out["command"] = report.paper_scale_command("toy_line")
+out["registered"] = modnets.list_models("line_toy_*")
 print(json.dumps(out))
 """
 
@@ -153,7 +163,7 @@ def sixth(tmp_path):
     return folder, env
 
 
-def test_a_sixth_experiment_is_one_package_found_by_the_cli_the_budget_and_the_report(
+def test_a_sixth_experiment_is_one_package_found_by_the_cli_the_budget_the_report_the_registry(
     sixth, tmp_path
 ):
     _, env = sixth
@@ -184,6 +194,7 @@ def test_a_sixth_experiment_is_one_package_found_by_the_cli_the_budget_and_the_r
     assert seen["papers"]["A toy paper"] == ["toy_line"]
     assert seen["claims"] == ["toy-slope"] and seen["missing"] == []
     assert seen["command"] == "python -m modnets.experiments.toy_line --profile gpu"
+    assert seen["registered"] == ["line_toy_cpu", "line_toy_gpu"]  # modnets.create_model
 
 
 def test_the_cli_names_the_experiments_when_given_none_it_knows():

@@ -285,7 +285,9 @@ def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     assert h_straight["step"] == [4, 8, 12]
     for key in ("step", "loss", "epoch", "val_acc", "best_epoch"):
         assert h_resumed[key] == h_straight[key], key
-    assert not torch.equal(straight.head.weight, sm.build_model("cnn", TINY.train, 0).head.weight)
+    assert not torch.equal(
+        straight.head.weight, sm.build_model("cnn", TINY.train, seed=0).head.weight
+    )
 
 
 def test_a_checkpoint_that_does_not_fit_is_retrained(env):

@@ -137,7 +137,7 @@ def _experiment_models(
     vector = torch.rand(f.pretrain.batch_size, f.num_variables)
     nfm_optim = s.finetune_optim("nfm") if s.finetune_epochs else s.optim  # goes on from a CNN
     return {
-        "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, f), vector, f.pretrain),
+        "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, "ni", f), vector, f.pretrain),
         "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),
         "ViT (digits)": entry(partial(digits.build_vit, d), d.vit_train, side=size),
         "NAC (Tiny-ImageNet)": entry(partial(tiny_imagenet.build_model, "nac", t), t.nac_train),

@@ -40,6 +40,7 @@ __all__ = [
     "grid_positions",
     "LAYOUTS",
     "make_canvases",
+    "noise_canvases",
     "load_stacked_mnist",
 ]
 
@@ -191,6 +192,19 @@ def make_canvases(
         torch.from_numpy(classes),
         torch.from_numpy(pos),
     )
+
+
+def noise_canvases(
+    n: int, canvas_size: int = CANVAS_SIZE, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images, targets)``: ``n`` canvases of uint8 noise (drawn from ``seed``) with made-up
+    targets, two classes each: inputs of the real shape for a dry run, no data read."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, canvas_size, canvas_size), generator=g, dtype=torch.uint8)
+    targets = torch.zeros(n, 10)
+    for i in range(n):
+        targets[i, torch.randperm(10, generator=g)[:2]] = 1.0
+    return images, targets
 
 
 def load_stacked_mnist(

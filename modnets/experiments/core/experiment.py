@@ -34,7 +34,19 @@ from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.rule import Rule
 from modnets.profiles import get_profile, select
 
-__all__ = ["RunOptions", "Measurement", "Experiment", "PARTS", "run"]
+__all__ = ["RunOptions", "RegisteredModel", "Measurement", "Experiment", "PARTS", "run"]
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A model of an experiment that :func:`modnets.create_model` offers by name
+    (``<name>_<profile>``): ``build(config, **overrides)`` makes it, untrained, from the
+    experiment's configuration of a profile (``overrides``: fields of its model configuration);
+    ``example(config, batch)`` makes a batch of the inputs it reads; ``what`` says what it is."""
+
+    build: Callable[..., Any]
+    example: Callable[[Any, int], Any]
+    what: str
 
 
 @dataclass
@@ -66,6 +78,7 @@ PARTS = {
 }
 #: The names it may export.
 OPTIONAL_PARTS = {
+    "REGISTERED": "registered",
     "DATA_FOLDERS": "data_folders",
     "ZERO_GRAD_AT_INIT": "zero_grad_at_init",
     "GPU_COMMAND": "gpu_command",
@@ -79,6 +92,7 @@ class Experiment:
     ``paper``: the paper whose claims it tests (chapter 13 groups by it; ``""`` for an experiment
     of our own questions only); ``chapter``: the book's notebook that runs it (``""`` for none;
     the experiments are listed in the book's order). ``code``: what its trained models depend on (the provenance's code fingerprint).
+    ``registered``: its models the model registry offers, by name (:class:`RegisteredModel`).
     ``data_folders``: the folders below the data root it reads (none: it makes its own data).
     ``zero_grad_at_init``: parameter-name substrings that get no gradient at initialisation,
     with the reason. ``gpu_command``: the command that runs it at the papers' scale, where it is
@@ -96,6 +110,7 @@ class Experiment:
     dry_run: Callable[[Any], list]
     rules: Mapping[str, Rule]
     code: Sequence = ()
+    registered: Mapping[str, RegisteredModel] = field(default_factory=dict)
     data_folders: tuple[str, ...] = ()
     zero_grad_at_init: Mapping[str, str] = field(default_factory=dict)
     gpu_command: str = ""

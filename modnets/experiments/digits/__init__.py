@@ -77,6 +77,7 @@ from modnets.experiments.digits.data import (
 )
 from modnets.experiments.digits.models import (
     BUILDERS,
+    REGISTERED,
     TRAIN_CODE,
     Preprocess,
     build_model,
@@ -110,6 +111,7 @@ __all__ = [
     "PAPER",
     "Preprocess",
     "REGIME_MNIST",
+    "REGISTERED",
     "RULES",
     "SOURCE_PAPER",
     "TRAIN_CODE",

@@ -3,6 +3,7 @@ pretrained model of one seed."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 
 from modnets import distributed
 from modnets.experiments.core import harness
+from modnets.experiments.core.experiment import RegisteredModel
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.digits.config import KINDS, MODEL_NAMES, NAME, DigitsConfig, DigitsTrain
@@ -26,6 +28,7 @@ from modnets.experiments.digits.data import (
 from modnets.models.baselines import ViT
 from modnets.models.ni import NeuralInterpreter
 from modnets.training import autocast, save_checkpoint
+from modnets.utils import replace_fields
 
 
 def build_ni(train: DigitsTrain) -> NeuralInterpreter:
@@ -241,3 +244,35 @@ def trained_model(
         extra=True,
     )
     return (model, history, snaps) if snapshots else (model, history)
+
+
+# -- the models the registry offers (modnets.create_model) ----------------------------------------
+
+
+def _registered_ni(config: DigitsConfig, **overrides) -> NeuralInterpreter:
+    return NeuralInterpreter(replace_fields(config.train.ni_config(), overrides))
+
+
+def _registered_vit(
+    config: DigitsConfig, small: bool = False, depth: int | None = None, **overrides
+) -> ViT:
+    t = config.train
+    default = t.vit_small_depth if small else t.vit_depth
+    return ViT(
+        replace_fields(t.vit_config(small=small), overrides),
+        depth=default if depth is None else depth,
+    )
+
+
+def _images(config: DigitsConfig, batch: int) -> Tensor:
+    c = config.train.ni_config()
+    return torch.randn(batch, c.in_channels, c.image_size, c.image_size)
+
+
+REGISTERED = {
+    "ni_digits": RegisteredModel(_registered_ni, _images, "chapter 6, NI §4.2"),
+    "vit_digits": RegisteredModel(_registered_vit, _images, "chapter 6, NI §4.2's baseline"),
+    "vit_small_digits": RegisteredModel(
+        functools.partial(_registered_vit, small=True), _images, "chapter 6, size-matched"
+    ),
+}

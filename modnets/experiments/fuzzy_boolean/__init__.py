@@ -59,6 +59,7 @@ from modnets.experiments.fuzzy_boolean.data import (
     target_scaler,
 )
 from modnets.experiments.fuzzy_boolean.models import (
+    REGISTERED,
     TRAIN_CODE,
     build_model,
     evaluate,
@@ -94,6 +95,7 @@ __all__ = [
     "PAPER",
     "RECORDED_SWEEPS",
     "REGIME_R2",
+    "REGISTERED",
     "RULES",
     "SOURCE_PAPER",
     "SWEPT",

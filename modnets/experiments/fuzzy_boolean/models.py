@@ -12,6 +12,7 @@ from torch import nn
 
 from modnets.data import fuzzy_boolean as fuzzy_data
 from modnets.data.fuzzy_boolean import MultiTaskData
+from modnets.experiments.core.experiment import RegisteredModel
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.fuzzy_boolean.config import (
@@ -23,9 +24,15 @@ from modnets.experiments.fuzzy_boolean.config import (
 from modnets.experiments.fuzzy_boolean.data import fit_points, load_data, target_scaler
 from modnets.models.ni import NeuralInterpreter
 from modnets.training import TrainConfig, r2_score, trainable_parameters
+from modnets.utils import replace_fields
 
 
-def build_model(train: FuzzyBooleanTrain) -> NeuralInterpreter:
+def build_model(kind: str, train: FuzzyBooleanTrain) -> NeuralInterpreter:
+    """The NI (``kind="ni"``, the experiment's one model) of ``train``."""
+    if kind != "ni":
+        raise ValueError(
+            f"kind must be 'ni' (the fuzzy-Boolean experiment's one model), got {kind!r}"
+        )
     return NeuralInterpreter(train.model_config())
 
 
@@ -124,7 +131,7 @@ def pretrained(
         f"{NAME}-pretrain",
         replace(t, finetune_lrs=()),
         seed,
-        lambda: build_model(t),
+        lambda: build_model("ni", t),
         lambda model, stage: train(model, points, t.pretrain, stage),
         code=TRAIN_CODE,
         data=fingerprint,
@@ -149,7 +156,7 @@ def finetuned(
     tc = t.finetune_config(finetuning)
 
     def build():
-        ft = build_model(t)
+        ft = build_model("ni", t)
         ft.load_state_dict(weights)
         ft.reset_cls_tokens(t.num_finetune_functions)
         set_trainable(ft, finetuning)
@@ -208,3 +215,17 @@ def trained_models(
             options=options,
         )
     return out
+
+
+# -- the model the registry offers (modnets.create_model) -----------------------------------------
+
+
+def _registered_ni(config: FuzzyBooleanConfig, **overrides) -> NeuralInterpreter:
+    return NeuralInterpreter(replace_fields(config.train.model_config(), overrides))
+
+
+def _points(config: FuzzyBooleanConfig, batch: int) -> torch.Tensor:
+    return torch.rand(batch, config.train.num_variables)
+
+
+REGISTERED = {"ni_fuzzy_boolean": RegisteredModel(_registered_ni, _points, "chapter 5, NI §4.1")}

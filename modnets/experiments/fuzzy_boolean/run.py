@@ -47,7 +47,7 @@ def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
     return [
         harness.DryRun(
             "NI (pretraining)",
-            build_model(t),
+            build_model("ni", t),
             lambda m: loss(m, x, y),
             samples=2,
             batch_size=t.pretrain.batch_size,

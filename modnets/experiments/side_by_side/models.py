@@ -64,7 +64,7 @@ def _nac_config(dim: int, ffn_hidden: int, num_processors: int, prior: str | Non
     )
 
 
-def build_model(kind: str, train: SideBySideTrain, seed: int | None = None) -> nn.Module:
+def build_model(kind: str, train: SideBySideTrain, *, seed: int | None = None) -> nn.Module:
     """Model ``kind`` (a key of :data:`MODEL_NAMES`) at :data:`ARCH`'s size for ``train``'s
     canvases; ``seed`` seeds the RNGs first. NFM(CNN) is the CNN of the same seed with NFM added
     (``gamma = 0``: at initialisation it computes what the CNN computes)."""

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from modnets import parallel
+from modnets.data.stacked_mnist import noise_canvases
 from modnets.experiments.core import harness
 from modnets.experiments.core.experiment import Measurement
 from modnets.experiments.core.options import RunOptions
@@ -35,10 +34,7 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
     """Every model of ``config`` and its training loss on two random canvases of the real
     shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
     t = config.train
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (2, 1, t.canvas, t.canvas), generator=g, dtype=torch.uint8)
-    y = torch.zeros(2, 10)
-    y[0, 3] = y[1, [1, 5]] = 1.0
+    images, y = noise_canvases(2, t.canvas)
     x = inputs(images, "cpu")
     steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
     return [

@@ -55,6 +55,7 @@ from modnets.experiments.stacked_mnist.data import (
     training_data,
 )
 from modnets.experiments.stacked_mnist.models import (
+    REGISTERED,
     TRAIN_CODE,
     build_model,
     evaluate,
@@ -78,6 +79,7 @@ __all__ = [
     "NFM_ONLY",
     "PAPER",
     "REGIME_FRACTION",
+    "REGISTERED",
     "RULES",
     "SOURCE_PAPER",
     "StackedMNISTConfig",

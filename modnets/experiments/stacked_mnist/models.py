@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets import distributed
-from modnets.data.stacked_mnist import StackedMNIST
+from modnets.data.stacked_mnist import CANVAS_SIZE, StackedMNIST
 from modnets.experiments.core import harness
+from modnets.experiments.core.experiment import RegisteredModel
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.stacked_mnist.config import (
@@ -34,7 +35,7 @@ from modnets.training import TrainConfig, autocast, group_batches
 from modnets.utils import seed_everything
 
 
-def build_model(kind: str, train: StackedMNISTTrain, seed: int | None = None) -> ConvNet:
+def build_model(kind: str, train: StackedMNISTTrain, *, seed: int | None = None) -> ConvNet:
     """``"cnn"`` (App. C's CNN) or ``"nfm"``: the same CNN (the same initial weights when built
     from the same RNG state, e.g. the same ``seed``) with NFM added around its stages,
     ``gamma = 0``. ``seed`` seeds the RNGs first (:func:`harness.load_or_train` does that)."""
@@ -205,3 +206,26 @@ def pretrained_cnn(
         options=options,
         desc=f"CNN (seed {seed})",
     )
+
+
+# -- the models the registry offers (modnets.create_model) ----------------------------------------
+
+
+def _registered_convnet(nfm: bool, config: StackedMNISTConfig, **overrides) -> ConvNet:
+    t = config.train
+    kwargs = dict(in_channels=1, num_outputs=10, width=t.width, block=t.block, pool=t.pool)
+    return ConvNet(**{**kwargs, "nfm": t.nfm() if nfm else None, **overrides})
+
+
+def _canvases(config: StackedMNISTConfig, batch: int) -> Tensor:
+    return torch.randn(batch, 1, CANVAS_SIZE, CANVAS_SIZE)
+
+
+REGISTERED = {
+    "cnn_stacked_mnist": RegisteredModel(
+        functools.partial(_registered_convnet, False), _canvases, "chapter 11, NFM App. C"
+    ),
+    "nfm_stacked_mnist": RegisteredModel(
+        functools.partial(_registered_convnet, True), _canvases, "chapter 11, NFM §4.2"
+    ),
+}

@@ -9,10 +9,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-import torch
-
 from modnets import parallel
-from modnets.data.stacked_mnist import CANVAS_SIZE
+from modnets.data.stacked_mnist import noise_canvases
 from modnets.experiments.core import harness
 from modnets.experiments.core.experiment import Measurement
 from modnets.experiments.core.options import RunOptions
@@ -36,12 +34,9 @@ from modnets.experiments.stacked_mnist.models import (
 def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
     """Both models of ``config`` and their training loss on two random canvases of the real
     shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
-    t = config.train
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (2, 1, CANVAS_SIZE, CANVAS_SIZE), generator=g, dtype=torch.uint8)
-    y = torch.zeros(2, 10)
-    y[0, 3] = y[1, [1, 5, 7]] = 1.0
+    images, y = noise_canvases(2)
     x = inputs(images, "cpu")
+    t = config.train
     b = t.optim.batch_size
     per_epoch = len(t.train_counts) * (t.train_per_count // b)  # batches of one count, full ones
     steps = {

@@ -71,6 +71,7 @@ from modnets.experiments.tiny_imagenet.config import (
 )
 from modnets.experiments.tiny_imagenet.data import Data, data_files, load_data
 from modnets.experiments.tiny_imagenet.models import (
+    REGISTERED,
     TRAIN_CODE,
     build_model,
     evaluate,
@@ -109,6 +110,7 @@ __all__ = [
     "PAPER",
     "REGIME_CHANCE_MULTIPLE",
     "REGIME_MEAN_P",
+    "REGISTERED",
     "RULES",
     "SOURCE_PAPER",
     "TRAIN_CODE",

@@ -4,6 +4,7 @@ NAC eq. 6), training and top-1, and the checkpointed trained model of one seed."
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import asdict
 
 import torch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.data.tiny_imagenet import TinyImageNetAugment, normalize
+from modnets.experiments.core.experiment import RegisteredModel
 from modnets.experiments.core.harness import Stage, load_or_train
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.tiny_imagenet.config import (
@@ -24,9 +26,12 @@ from modnets.models.baselines import PerceiverIO
 from modnets.models.nac import NeuralAttentiveCircuit
 from modnets.nn.tokens import ConvTokenizer
 from modnets.training import TrainConfig, autocast
+from modnets.utils import replace_fields
 
 
-def build_model(kind: str, train: TinyImageNetTrain, prior: str | None = "scale_free") -> nn.Module:
+def build_model(
+    kind: str, train: TinyImageNetTrain, *, prior: str | None = "scale_free"
+) -> nn.Module:
     """``"nac"`` (with the graph ``prior``) or ``"pio"``, each with the App. C tokeniser."""
     nac_cfg = train.nac_config(prior)
     tokenizer = ConvTokenizer(**train.tokenizer)
@@ -184,10 +189,34 @@ def trained_model(
         name,
         t,
         seed,
-        lambda: build_model(kind, t, prior),
+        lambda: build_model(kind, t, prior=prior),
         lambda model, stage: train(model, data, t, t.train_config(kind), stage),
         code=TRAIN_CODE,
         data=data.fingerprint,
         options=options,
         desc=f"training {label} (seed {seed})",
     )
+
+
+# -- the models the registry offers (modnets.create_model) ----------------------------------------
+
+
+def _registered_circuit(kind: str, config: TinyImageNetConfig, **overrides) -> nn.Module:
+    train = config.train
+    model = NeuralAttentiveCircuit if kind == "nac" else PerceiverIO
+    nac = replace_fields(train.nac_config("scale_free"), overrides)
+    return model(nac, ConvTokenizer(**train.tokenizer))
+
+
+def _images(config: TinyImageNetConfig, batch: int) -> Tensor:
+    return torch.randn(batch, 3, 64, 64)
+
+
+REGISTERED = {
+    "nac_tiny_imagenet": RegisteredModel(
+        functools.partial(_registered_circuit, "nac"), _images, "chapter 10, NAC §4.1"
+    ),
+    "pio_tiny_imagenet": RegisteredModel(
+        functools.partial(_registered_circuit, "pio"), _images, "chapter 10, the baseline"
+    ),
+}

@@ -55,7 +55,7 @@ def dry_run(config: TinyImageNetConfig) -> list[harness.DryRun]:
     data = Data(x_train=x, y_train=y, x_val=x, y_val=y, class_names=names, fingerprint="random")
     parts = []
     for kind, prior in [("pio", None)] + [("nac", p) for p in config.priors]:
-        model = build_model(kind, t, prior)
+        model = build_model(kind, t, prior=prior)
         step = make_step(model, data, t)
         tc = t.nac_train if kind == "nac" else t.pio_train
         n = t.num_classes * min(500, t.max_train_per_class or 500)  # 500 per class in the release
@@ -134,7 +134,7 @@ def readings(
     full, e = point_at(r["drop"], 0.0)["top1"], point_at(r["edges"], EDGES_AT)["top1"]
     r["lost_edges90"], r["relative_lost_edges90"] = full - e, relative_loss(full, e)
     seed_everything(seed)  # the same initialisation as the trained model's
-    initial = build_model(kind, config.train, prior).to(device)
+    initial = build_model(kind, config.train, prior=prior).to(device)
     return r, {"seed": seed, **nac_diagnostics(model, initial, data, config.eval_batch)}
 
 
