@@ -30,26 +30,6 @@ from modnets.experiments.side_by_side.models import (
 from modnets.experiments.side_by_side.rates import HEAVIEST_FIRST, select_rates, train_task
 
 
-def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
-    """Every model of ``config`` and its training loss on two random canvases of the real
-    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
-    t = config.train
-    images, y = noise_canvases(2, t.canvas)
-    x = inputs(images, "cpu")
-    steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
-    return [
-        harness.DryRun(
-            name,
-            build_model(kind, t, seed=0),
-            lambda m: loss(m, x, y),
-            samples=2,
-            batch_size=t.batch_size,
-            steps=steps,
-        )
-        for kind, name in MODEL_NAMES.items()
-    ]
-
-
 def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
     """Choose each model's learning rate on the selection seeds (unless ``config`` holds the
     rates a selection run recorded), train (or load) every model at every claim seed and measure
@@ -91,3 +71,23 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
         models[name]["costs"] = c
     diagnostics = {"learning_rates": {MODEL_NAMES[k]: v for k, v in rates.items()}}
     return Measurement(models, diagnostics, config, config.selection_seeds)
+
+
+def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
+    """Every model of ``config`` and its training loss on two random canvases of the real
+    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
+    t = config.train
+    images, y = noise_canvases(2, t.canvas)
+    x = inputs(images, "cpu")
+    steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
+    return [
+        harness.DryRun(
+            name,
+            build_model(kind, t, seed=0),
+            lambda m: loss(m, x, y),
+            samples=2,
+            batch_size=t.batch_size,
+            steps=steps,
+        )
+        for kind, name in MODEL_NAMES.items()
+    ]

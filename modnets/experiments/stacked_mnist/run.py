@@ -31,31 +31,6 @@ from modnets.experiments.stacked_mnist.models import (
 )
 
 
-def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
-    """Both models of ``config`` and their training loss on two random canvases of the real
-    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
-    images, y = noise_canvases(2)
-    x = inputs(images, "cpu")
-    t = config.train
-    b = t.optim.batch_size
-    per_epoch = len(t.train_counts) * (t.train_per_count // b)  # batches of one count, full ones
-    steps = {
-        "cnn": (t.optim.epochs + t.finetune_epochs) * per_epoch,
-        "nfm": (t.finetune_epochs or t.optim.epochs) * per_epoch,
-    }
-    return [
-        harness.DryRun(
-            name,
-            build_model(kind, t, seed=0),
-            lambda m: loss(m, x, y),
-            samples=2,
-            batch_size=b,
-            steps=steps[kind],
-        )
-        for kind, name in MODEL_NAMES.items()
-    ]
-
-
 def _train_task(config: StackedMNISTConfig, options: RunOptions, task: tuple) -> None:
     """Train (into checkpoints) what :func:`measure`'s loop loads for ``task = (seed, pool,
     kind)``: ``kind`` ("cnn", "nfm", or "pretrain": the CNN both go on from) with the head
@@ -193,3 +168,28 @@ def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConf
         for pool in first["heads"]
     }
     return {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
+
+
+def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:
+    """Both models of ``config`` and their training loss on two random canvases of the real
+    shape (see :func:`modnets.experiments.core.harness.dry_run`)."""
+    images, y = noise_canvases(2)
+    x = inputs(images, "cpu")
+    t = config.train
+    b = t.optim.batch_size
+    per_epoch = len(t.train_counts) * (t.train_per_count // b)  # batches of one count, full ones
+    steps = {
+        "cnn": (t.optim.epochs + t.finetune_epochs) * per_epoch,
+        "nfm": (t.finetune_epochs or t.optim.epochs) * per_epoch,
+    }
+    return [
+        harness.DryRun(
+            name,
+            build_model(kind, t, seed=0),
+            lambda m: loss(m, x, y),
+            samples=2,
+            batch_size=b,
+            steps=steps[kind],
+        )
+        for kind, name in MODEL_NAMES.items()
+    ]
