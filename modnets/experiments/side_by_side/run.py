@@ -80,14 +80,6 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
     images, y = noise_canvases(2, t.canvas)
     x = inputs(images, "cpu")
     steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
-    return [
-        harness.DryRun(
-            name,
-            build_model(kind, t, seed=0),
-            lambda m: loss(m, x, y),
-            samples=2,
-            batch_size=t.batch_size,
-            steps=steps,
-        )
-        for kind, name in MODEL_NAMES.items()
-    ]
+    models = {name: build_model(kind, t, seed=0) for kind, name in MODEL_NAMES.items()}
+    size = {"samples": 2, "batch_size": t.batch_size, "steps": steps}
+    return [harness.DryRun(n, m, lambda m: loss(m, x, y), **size) for n, m in models.items()]
