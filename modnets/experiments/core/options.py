@@ -20,7 +20,7 @@ class RunOptions:
 
     ``device``: where models train (``None``: CUDA when there is one; under ``torchrun`` each
     process's own). ``root``: the data folder (``None``: ``MODNETS_DATA``). ``verify``: check
-    the data files' hashes. ``show_progress``: progress bars. ``cache``: load and save trained
+    the data files' hashes (where an experiment's loader checks them). ``show_progress``: progress bars. ``cache``: load and save trained
     models (checkpoints). ``resume``: continue interrupted training. ``workers``: the processes
     independent models train in (``None``: as many as the machine affords)."""
 

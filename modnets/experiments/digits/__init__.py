@@ -25,8 +25,7 @@ is short and never checkpointed.
 
 One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
 ``models`` (the models and their training), ``analysis`` (adaptation, re-sampled and dropped
-functions, iterations, types), ``claims`` (the paper's claims as tests) and ``run`` (the experiment
-and its command line).
+functions, iterations, types), ``claims`` (the paper's claims as tests) and ``run`` (what it measures at every claim seed).
 """
 
 from modnets.experiments.core.experiment import Experiment

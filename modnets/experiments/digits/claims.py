@@ -47,7 +47,7 @@ def regime(results: dict) -> dict:
 
 def claims(results: dict) -> list:
     """NI §4.2 as tests over pretraining seeds, by the rules of
-    :mod:`modnets.experiments.core.rules`. Accuracies are fractions; each per-seed value is the mean
+    :mod:`modnets.experiments.digits.rules`. Accuracies are fractions; each per-seed value is the mean
     over adaptation seeds, drop trials or datasets. ``not testable here`` where the models missed
     their :func:`regime`."""
     cfg, m = results["config"], results["models"]

@@ -1,5 +1,5 @@
-"""NI §4.2, multi-task digits and few-shot adaptation to K-MNIST: the whole experiment at every
-claim seed, its results file and its command line.
+"""NI §4.2, multi-task digits and few-shot adaptation to K-MNIST: what the experiment
+measures at every claim seed (``measure``; ``core.experiment.run`` makes the results of it).
 
 Run ``python -m modnets.experiments.digits --profile cpu --out results.json``.
 """
@@ -188,7 +188,7 @@ def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
     pretraining seeds of each seed's mean (over adaptation seeds, trials or datasets).
     Each seed runs whole in one of ``options.workers`` processes.
     """
-    workers, show = options.workers, options.show_progress
+    workers, show = options.workers or 1, options.show_progress
     # whole rounds side by side; the seeds left over (fewer than the workers) here, every thread
     side = config.seeds[: len(config.seeds) - len(config.seeds) % workers]
     inline = workers == 1 or len(side) < 2

@@ -22,7 +22,7 @@ def regime(results: dict) -> dict:
 
 
 def claims(results: dict) -> list:
-    """NI Table 1 as tests over seeds, by the rules of :mod:`modnets.experiments.core.rules`;
+    """NI Table 1 as tests over seeds, by the rules of :mod:`modnets.experiments.fuzzy_boolean.rules`;
     ``not testable here`` where pretraining missed its :func:`regime`."""
     m = results["models"]
     r2 = {k: per_seed(m[k]["per_seed"], "mean_r2") for k in m}

@@ -187,7 +187,7 @@ def trained_models(
     """``{"pretrain" | finetuning: (model, history)}`` at ``seed``: each loaded from its checkpoint
     or trained (pretraining first, then each finetuning from the same pretrained weights), on the
     points of :func:`fit_points`. ``config.train`` is used as it is: pass the one
-    :func:`sweep` returns (as :func:`run` does) to get the swept choice. ``options``
+    :func:`sweep` returns (as :func:`measure` does) to get the swept choice. ``options``
     (:class:`RunOptions`), or its fields by keyword."""
     options = resolved(options, flags)
     t = config.train

@@ -1,5 +1,5 @@
-"""NI §4.1, fuzzy Boolean expressions (NI Table 1): the whole experiment at every claim seed, its
-results file and its command line.
+"""NI §4.1, fuzzy Boolean expressions (NI Table 1): what the experiment measures at every
+claim seed (``measure``; ``core.experiment.run`` makes the results of it).
 
 Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.json``.
 """
@@ -59,7 +59,7 @@ def dry_run(config: FuzzyBooleanConfig) -> list[harness.DryRun]:
 def _train_seed(
     config: FuzzyBooleanConfig, chosen: FuzzyBooleanTrain, options: RunOptions, seed: int
 ) -> None:
-    """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`run`'s
+    """Train (into checkpoints) every model of claim ``seed`` on its own task: :func:`measure`'s
     loop, ahead of it in a worker process."""
     seeded = replace(config, train=for_seed(chosen, seed))
     trained_models(seeded, seed, options=options.quiet())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -178,7 +179,7 @@ def trained_model(
     (:class:`RunOptions`), or its fields by keyword."""
     options = resolved(options, flags)
     t = config.train
-    data = training_data(t) if data is None else data
+    data = training_data(t, options.root, options.verify) if data is None else data
     key = replace(t, lrs=(lr,))  # the checkpoint is of this rate alone
 
     return harness.load_or_train(
@@ -188,15 +189,15 @@ def trained_model(
         lambda: build_model(kind, t),
         lambda model, stage: train(model, data, t.optim(lr), stage),
         code=TRAIN_CODE,
-        data=harness.data_fingerprint(*_mnist_files()),
+        data=harness.data_fingerprint(*_mnist_files(options.root)),
         options=options,
         desc=f"{MODEL_NAMES[kind]} (seed {seed}, lr {lr:g})",
     )
 
 
-def _mnist_files() -> list:
+def _mnist_files(root=None) -> list:
     """The MNIST training files the canvases are drawn from (the data fingerprint)."""
-    folder = data_root() / "MNIST" / "raw"
+    folder = (data_root() if root is None else Path(root)) / "MNIST" / "raw"
     return [folder / f"train-{p}-idx{n}-ubyte.gz" for p, n in (("images", 3), ("labels", 1))]
 
 

@@ -1,5 +1,6 @@
-"""NI, NAC and NFM beside their plain counterparts on one stacked-MNIST task and one budget: the
-whole experiment at every claim seed, its results file and its command line.
+"""NI, NAC and NFM beside their plain counterparts on one stacked-MNIST task and one budget:
+what the experiment measures at every claim seed (``measure``; ``core.experiment.run`` makes
+the results of it).
 
 Run ``python -m modnets.experiments.side_by_side --profile cpu --out results.json``.
 """
@@ -41,7 +42,7 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
     half / 80 % of its modules or functions dropped, minus the full model's);
     ``models[name]["costs"]`` the parameters, FLOPs and step and inference times beside the
     CNN's, measured in this process one model after another."""
-    data = training_data(config.train)
+    data = training_data(config.train, options.root, options.verify)
     train = functools.partial(train_task, config, options)
     with parallel.keep_workers():  # started once for the selection and the claim seeds
         if config.learning_rates is None:
@@ -54,7 +55,7 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
     models = {name: {"per_seed": [], "lr": rates[k]["lr"]} for k, name in MODEL_NAMES.items()}
     last = {}
     for seed in config.seeds:
-        tests = test_data(config, seed)
+        tests = test_data(config, seed, options.root, options.verify)
         for kind, name in MODEL_NAMES.items():
             lr = rates[kind]["lr"]
             model, history = trained_model(kind, config, seed, data, options, lr=lr)

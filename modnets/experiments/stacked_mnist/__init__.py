@@ -19,8 +19,7 @@ re-runs without retraining; an interrupted training (Ctrl-C) continues with ``--
 
 One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
 ``models`` (the models and their training), ``analysis`` (convergence, the reads, held-out digit
-counts), ``claims`` (the paper's claims as tests) and ``run`` (the experiment and its command
-line).
+counts), ``claims`` (the paper's claims as tests) and ``run`` (what it measures at every claim seed).
 """
 
 from modnets.experiments.core.experiment import Experiment

@@ -65,7 +65,7 @@ def _test(run: dict, c: int) -> dict:
 
 
 def claims(results: dict) -> list:
-    """NFM Table 5 as tests over seeds, by the rules of :mod:`modnets.experiments.core.rules`, paired
+    """NFM Table 5 as tests over seeds, by the rules of :mod:`modnets.experiments.stacked_mnist.rules`, paired
     by seed: NFM(CNN) − CNN exact-match accuracy on each held-out count, and the interaction
     (mean gain on held-out counts − mean gain on trained ones). The CNN's out-of-distribution dip
     is a diagnostic (:func:`ood_dips`), never a condition. ``not testable here`` where the CNN

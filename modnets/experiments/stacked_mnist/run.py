@@ -1,5 +1,5 @@
-"""NFM §4, stacked MNIST (NFM Table 1): the whole experiment at every claim seed, its results file
-and its command line.
+"""NFM §4.2, stacked MNIST (NFM Table 5): what the experiment measures at every claim seed
+(``measure``; ``core.experiment.run`` makes the results of it).
 
 Run ``python -m modnets.experiments.stacked_mnist --profile cpu --out results.json``.
 """
@@ -65,7 +65,7 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
     The models train in ``options.workers`` processes.
     """
-    workers, root, verify = options.workers, options.root, options.verify
+    workers, root, verify = options.workers or 1, options.root, options.verify
     data = training_data(config.train, root, verify)
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODEL_NAMES.values()}

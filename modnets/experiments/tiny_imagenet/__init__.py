@@ -22,8 +22,8 @@ Run ``python -m modnets.experiments.tiny_imagenet --profile cpu --out results.js
 
 One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
 ``models`` (the models and their training), ``analysis`` (drop, edge and speed curves, the
-circuit's diagnostics), ``claims`` (the paper's claims as tests) and ``run`` (the experiment and
-its command line).
+circuit's diagnostics), ``claims`` (the paper's claims as tests) and ``run`` (what it measures at every claim seed; ``EXPERIMENT.run`` and
+``python -m`` run it).
 """
 
 from modnets.experiments.core.experiment import Experiment

@@ -96,7 +96,7 @@ def matched_flops(nac: dict, pio: dict) -> tuple[float, float, float]:
 
 def claims(results: dict) -> list:
     """NAC Table 1, §4.1 and App. F as tests over seeds, by the rules of
-    :mod:`modnets.experiments.core.rules`; paired by seed. Accuracies are fractions. ``not testable
+    :mod:`modnets.experiments.tiny_imagenet.rules`; paired by seed. Accuracies are fractions. ``not testable
     here`` where the models missed their :func:`regime`."""
     m = results["models"]
     nac_key = _nac_key(m)

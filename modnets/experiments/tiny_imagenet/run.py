@@ -1,5 +1,6 @@
-"""NAC §4, Tiny-ImageNet with modules dropped (NAC Table 1, Figs. 10 and 15): the whole experiment at
-every claim seed, its results file and its command line.
+"""NAC §4, Tiny-ImageNet with modules dropped (NAC Table 1, Figs. 10 and 15): what the
+experiment measures at every claim seed (``measure``; ``core.experiment.run`` makes the results
+of it).
 
 Run ``python -m modnets.experiments.tiny_imagenet --profile cpu --out results.json``.
 """
@@ -139,8 +140,7 @@ def readings(
 
 
 def measure(config: TinyImageNetConfig, options: RunOptions) -> Measurement:
-    """Train (or load) every model at every seed and run every analysis; the results in the
-    harness schema (plain JSON).
+    """Train (or load) every model at every seed and run every analysis.
 
     ``models[name]["per_seed"]`` holds each seed's accuracy, history, drop / speed (/ edge)
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
