@@ -55,9 +55,19 @@ def positive_int(value: object, name: str) -> int:
     return value
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device_type`` inside an autocast region, else None."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type and means CUDA
+        enabled = device_type == "cuda" and torch.is_autocast_enabled()
+    return torch.get_autocast_dtype(device_type) if enabled else None
+
+
 def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:
-    """``x`` when it is a floating-point tensor of ``model``'s dtype; otherwise a ``TypeError``
-    naming what it is and how to convert it (a model's forward calls this first)."""
+    """``x`` when it is a floating-point tensor of ``model``'s dtype (or, inside autocast, of the
+    autocast dtype); otherwise a ``TypeError`` naming what it is and how to convert it (a model's
+    forward calls this first)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor, got {type(x).__name__} "
@@ -66,7 +76,8 @@ def check_input(x, model: torch.nn.Module, name: str = "x") -> torch.Tensor:
     if not x.is_floating_point():
         raise TypeError(f"{name} must be floating-point, got dtype {x.dtype}: pass {name}.float()")
     weight = next((p for p in model.parameters() if p.is_floating_point()), None)
-    if weight is not None and x.dtype != weight.dtype:
+    # inside autocast a module is handed activations of the autocast dtype: those are expected
+    if weight is not None and x.dtype not in (weight.dtype, _autocast_dtype(x.device.type)):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the model's weights are {weight.dtype}: pass "
             f"{name}.to({weight.dtype}) or convert the model with .to({x.dtype})"

@@ -579,3 +579,20 @@ def test_each_reader_has_its_own_projection_of_a_source():
         assert not torch.allclose(first.project(0, h)[0], before[0])
     with pytest.raises(ValueError, match="projections"):
         NFMNetwork(conv_blocks(dims), dims, projections="both")
+
+
+def test_nfm_around_a_cnn_trains_under_autocast_and_still_refuses_a_wrong_dtype():
+    """Under autocast (bf16 on a GPU, or here on the CPU) the NFM reads the CNN's bf16
+    activations: they are what autocast hands it, not a caller's mistake. Outside autocast a
+    bf16 input to a float32 model is still refused, naming the conversion."""
+    from modnets.models.nfm import ConvNet
+
+    torch.manual_seed(0)
+    net = ConvNet(1, 10, width=8, nfm=dict(passes=2, top_k=2, num_heads=2, key_dim=8, value_dim=8))
+    x = torch.randn(2, 1, 64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x)
+    out.float().square().mean().backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    with pytest.raises(TypeError, match=r"pass x\.to\(torch\.float32\)"):
+        net(x.bfloat16())

@@ -88,7 +88,7 @@ def loss(model, x, y):
 def measure(config, options):
     rows = []
     for seed in config.seeds:
-        x, y = data(config, seed)
+        x, y = (t.to(options.device) for t in data(config, seed))
         torch.manual_seed(seed)
         model = nn.Linear(1, 1).to(options.device)
         cfg = TrainConfig(epochs=config.epochs, batch_size=16, lr=0.1, amp=False)
