@@ -120,31 +120,20 @@ def bench_thread_policy(cfg: BenchConfig, device) -> dict:
 def _experiment_models(
     cfg: BenchConfig,
 ) -> dict[str, tuple[Callable[[], nn.Module], Tensor, TrainConfig]]:
-    """Every model the experiments at ``cfg.experiments`` train, with one batch of its inputs
-    and its training configuration: ``name -> (build(), batch, TrainConfig)``."""
-    from modnets.experiments import digits, fuzzy_boolean, stacked_mnist, tiny_imagenet
+    """Every model the experiments at ``cfg.experiments`` train and register for the benchmarks
+    (``RegisteredModel.bench``), with one batch of its inputs and its training configuration:
+    ``name -> (build(), batch, TrainConfig)``."""
+    from modnets.experiments import get, list_experiments
 
-    f = select(fuzzy_boolean.CONFIGS, cfg.experiments).train
-    d = select(digits.CONFIGS, cfg.experiments).train
-    t = select(tiny_imagenet.CONFIGS, cfg.experiments).train
-    s = select(stacked_mnist.CONFIGS, cfg.experiments).train
-    size = d.ni_config().image_size
-    pio = partial(tiny_imagenet.build_model, "pio", t)
-
-    def entry(build, config: TrainConfig, channels: int = 3, side: int = 64) -> tuple:
-        return build, torch.randn(config.batch_size, channels, side, side), config
-
-    vector = torch.rand(f.pretrain.batch_size, f.num_variables)
-    nfm_optim = s.finetune_optim("nfm") if s.finetune_epochs else s.optim  # goes on from a CNN
-    return {
-        "NI (fuzzy Booleans)": (partial(fuzzy_boolean.build_model, "ni", f), vector, f.pretrain),
-        "NI (digits)": entry(partial(digits.build_ni, d), d.ni_train, side=size),
-        "ViT (digits)": entry(partial(digits.build_vit, d), d.vit_train, side=size),
-        "NAC (Tiny-ImageNet)": entry(partial(tiny_imagenet.build_model, "nac", t), t.nac_train),
-        "Perceiver IO (Tiny-ImageNet)": entry(pio, t.pio_train),
-        "CNN (stacked MNIST)": entry(partial(stacked_mnist.build_model, "cnn", s), s.optim, 1),
-        "NFM (stacked MNIST)": entry(partial(stacked_mnist.build_model, "nfm", s), nfm_optim, 1),
-    }
+    out = {}
+    for experiment in map(get, list_experiments()):
+        config = select(experiment.configs, cfg.experiments)
+        for model in experiment.registered.values():
+            if model.bench:
+                train = model.train(config)
+                batch = model.example(config, train.batch_size)
+                out[model.bench] = (partial(model.build, config), batch, train)
+    return out
 
 
 def _trained_alone(cfg: BenchConfig, workers: int, names: Iterable[str]) -> set[str]:

@@ -42,11 +42,15 @@ class RegisteredModel:
     """A model of an experiment that :func:`modnets.create_model` offers by name
     (``<name>_<profile>``): ``build(config, **overrides)`` makes it, untrained, from the
     experiment's configuration of a profile (``overrides``: fields of its model configuration);
-    ``example(config, batch)`` makes a batch of the inputs it reads; ``what`` says what it is."""
+    ``example(config, batch)`` makes a batch of the inputs it reads; ``what`` says what it is.
+    ``bench``: its name in the benchmarks of training steps, which time it as ``train(config)``
+    (the ``TrainConfig`` the experiment trains it with) says; ``""``: not benchmarked."""
 
     build: Callable[..., Any]
     example: Callable[[Any, int], Any]
     what: str
+    bench: str = ""
+    train: Callable[[Any], Any] | None = None
 
 
 @dataclass

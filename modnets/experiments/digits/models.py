@@ -270,8 +270,20 @@ def _images(config: DigitsConfig, batch: int) -> Tensor:
 
 
 REGISTERED = {
-    "ni_digits": RegisteredModel(_registered_ni, _images, "chapter 6, NI §4.2"),
-    "vit_digits": RegisteredModel(_registered_vit, _images, "chapter 6, NI §4.2's baseline"),
+    "ni_digits": RegisteredModel(
+        _registered_ni,
+        _images,
+        "chapter 6, NI §4.2",
+        bench="NI (digits)",
+        train=lambda config: config.train.ni_train,
+    ),
+    "vit_digits": RegisteredModel(
+        _registered_vit,
+        _images,
+        "chapter 6, NI §4.2's baseline",
+        bench="ViT (digits)",
+        train=lambda config: config.train.vit_train,
+    ),
     "vit_small_digits": RegisteredModel(
         functools.partial(_registered_vit, small=True), _images, "chapter 6, size-matched"
     ),

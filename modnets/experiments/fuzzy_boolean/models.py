@@ -228,4 +228,12 @@ def _points(config: FuzzyBooleanConfig, batch: int) -> torch.Tensor:
     return torch.rand(batch, config.train.num_variables)
 
 
-REGISTERED = {"ni_fuzzy_boolean": RegisteredModel(_registered_ni, _points, "chapter 5, NI §4.1")}
+REGISTERED = {
+    "ni_fuzzy_boolean": RegisteredModel(
+        _registered_ni,
+        _points,
+        "chapter 5, NI §4.1",
+        bench="NI (fuzzy Booleans)",
+        train=lambda config: config.train.pretrain,
+    )
+}

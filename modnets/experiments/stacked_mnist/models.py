@@ -221,11 +221,24 @@ def _canvases(config: StackedMNISTConfig, batch: int) -> Tensor:
     return torch.randn(batch, 1, CANVAS_SIZE, CANVAS_SIZE)
 
 
+def _nfm_optim(train: StackedMNISTTrain) -> TrainConfig:
+    """How NFM(CNN) trains: on from a CNN where ``finetune_epochs`` is set."""
+    return train.finetune_optim("nfm") if train.finetune_epochs else train.optim
+
+
 REGISTERED = {
     "cnn_stacked_mnist": RegisteredModel(
-        functools.partial(_registered_convnet, False), _canvases, "chapter 11, NFM App. C"
+        functools.partial(_registered_convnet, False),
+        _canvases,
+        "chapter 11, NFM App. C",
+        bench="CNN (stacked MNIST)",
+        train=lambda config: config.train.optim,
     ),
     "nfm_stacked_mnist": RegisteredModel(
-        functools.partial(_registered_convnet, True), _canvases, "chapter 11, NFM §4.2"
+        functools.partial(_registered_convnet, True),
+        _canvases,
+        "chapter 11, NFM §4.2",
+        bench="NFM (stacked MNIST)",
+        train=lambda config: _nfm_optim(config.train),
     ),
 }

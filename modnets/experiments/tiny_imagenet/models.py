@@ -214,9 +214,17 @@ def _images(config: TinyImageNetConfig, batch: int) -> Tensor:
 
 REGISTERED = {
     "nac_tiny_imagenet": RegisteredModel(
-        functools.partial(_registered_circuit, "nac"), _images, "chapter 10, NAC §4.1"
+        functools.partial(_registered_circuit, "nac"),
+        _images,
+        "chapter 10, NAC §4.1",
+        bench="NAC (Tiny-ImageNet)",
+        train=lambda config: config.train.nac_train,
     ),
     "pio_tiny_imagenet": RegisteredModel(
-        functools.partial(_registered_circuit, "pio"), _images, "chapter 10, the baseline"
+        functools.partial(_registered_circuit, "pio"),
+        _images,
+        "chapter 10, the baseline",
+        bench="Perceiver IO (Tiny-ImageNet)",
+        train=lambda config: config.train.pio_train,
     ),
 }
