@@ -208,8 +208,9 @@ def _ours(values: Sequence[float], rule: Rule) -> str:
 def decide_rule(
     rule_id: str, values: Sequence[float], ours: str | None = None, rules: dict | None = None
 ) -> Claim:
-    """The claim of rule ``rule_id`` (declared by its experiment, or from ``rules``) tested on ``values``, one per seed. ``ours`` replaces the default "mean ± sd"
-    summary (e.g. to show both sides of a comparison)."""
+    """The claim of rule ``rule_id`` (declared by its experiment, or from ``rules``) tested on
+    ``values``, one per seed. ``ours`` replaces the default "mean ± sd" summary (e.g. to show both
+    sides of a comparison)."""
     from scipy import stats  # (scipy and statsmodels load in seconds: only where used)
 
     rule = get_rule(rule_id) if rules is None else rules[rule_id]

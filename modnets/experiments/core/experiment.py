@@ -95,8 +95,9 @@ class Experiment:
 
     ``paper``: the paper whose claims it tests (chapter 13 groups by it; ``""`` for an experiment
     of our own questions only); ``chapter``: the book's notebook that runs it (``""`` for none;
-    the experiments are listed in the book's order). ``code``: what its trained models depend on (the provenance's code fingerprint).
-    ``registered``: its models the model registry offers, by name (:class:`RegisteredModel`).
+    the experiments are listed in the book's order). ``code``: what its trained models depend
+    on (the provenance's code fingerprint). ``registered``: its models the model registry
+    offers, by name (:class:`RegisteredModel`).
     ``data_folders``: the folders below the data root it reads (none: it makes its own data).
     ``zero_grad_at_init``: parameter-name substrings that get no gradient at initialisation,
     with the reason. ``gpu_command``: the command that runs it at the papers' scale, where it is

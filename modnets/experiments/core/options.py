@@ -19,10 +19,11 @@ class RunOptions:
     """How one run goes (none of it changes a result).
 
     ``device``: where models train (``None``: CUDA when there is one; under ``torchrun`` each
-    process's own). ``root``: the data folder (``None``: ``MODNETS_DATA``). ``verify``: check
-    the data files' hashes (where an experiment's loader checks them). ``show_progress``: progress bars. ``cache``: load and save trained
-    models (checkpoints). ``resume``: continue interrupted training. ``workers``: the processes
-    independent models train in (``None``: as many as the machine affords)."""
+    process's own). ``root``: the data folder (``None``: ``MODNETS_DATA``). ``verify``: check the
+    data files' hashes (where an experiment's loader checks them). ``show_progress``: progress bars.
+    ``cache``: load and save trained models (checkpoints). ``resume``: continue interrupted
+    training. ``workers``: the processes independent models train in (``None``: as many as the
+    machine affords)."""
 
     device: Any = None
     root: str | Path | None = None

@@ -25,7 +25,8 @@ is short and never checkpointed.
 
 One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
 ``models`` (the models and their training), ``analysis`` (adaptation, re-sampled and dropped
-functions, iterations, types), ``claims`` (the paper's claims as tests) and ``run`` (what it measures at every claim seed).
+functions, iterations, types), ``claims`` (the paper's claims as tests) and ``run`` (what it
+measures at every claim seed).
 """
 
 from modnets.experiments.core.experiment import Experiment

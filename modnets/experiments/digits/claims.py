@@ -47,9 +47,9 @@ def regime(results: dict) -> dict:
 
 def claims(results: dict) -> list:
     """NI §4.2 as tests over pretraining seeds, by the rules of
-    :mod:`modnets.experiments.digits.rules`. Accuracies are fractions; each per-seed value is the mean
-    over adaptation seeds, drop trials or datasets. ``not testable here`` where the models missed
-    their :func:`regime`."""
+    :mod:`modnets.experiments.digits.rules`. Accuracies are fractions; each per-seed value is the
+    mean over adaptation seeds, drop trials or datasets. ``not testable here`` where the models
+    missed their :func:`regime`."""
     cfg, m = results["config"], results["models"]
     ni, vit, small = (m[k]["per_seed"] for k in KINDS)
     n_min, n_max = min(cfg["sample_counts"]), max(cfg["sample_counts"])

@@ -95,9 +95,10 @@ def pretrain(
     snapshots: list | None = None,
     max_snapshots: int = 25,
 ) -> dict:
-    """Multi-task training with :func:`modnets.training.fit`, as ``stage`` says (its name, seed
-    and saved state): each sample trains the head of its dataset (NI §4.2). History: the mean loss per log point and, per epoch, the validation
-    accuracy of each dataset (``val_<dataset>``) and their mean (``val_mean``).
+    """Multi-task training with :func:`modnets.training.fit`, as ``stage`` says (its name, seed and
+    saved state): each sample trains the head of its dataset (NI §4.2). History: the mean loss per
+    log point and, per epoch, the validation accuracy of each dataset (``val_<dataset>``) and their
+    mean (``val_mean``).
 
     ``snapshots``: a list that receives ``{"epoch", "val_mean", "state"}`` (weights on the CPU)
     after every epoch, thinned to at most ``max_snapshots`` evenly spaced epochs with the last

@@ -20,9 +20,9 @@ claim seed. :func:`claims` tests NI Table 1 over the claim seeds.
 Run ``python -m modnets.experiments.fuzzy_boolean --profile cpu --out results.json``.
 
 One file per job, as in every experiment: ``config`` (what is trained, per profile), ``data``,
-``models`` (the models and their training), ``sweep`` (the routing sweep and its record),
-``claims`` (the paper's claims as tests) and ``run`` (what it measures at every claim seed; ``EXPERIMENT.run`` and
-``python -m`` run it).
+``models`` (the models and their training), ``sweep`` (the routing sweep and its record), ``claims``
+(the paper's claims as tests) and ``run`` (what it measures at every claim seed; ``EXPERIMENT.run``
+and ``python -m`` run it).
 """
 
 from modnets.experiments.core.experiment import Experiment

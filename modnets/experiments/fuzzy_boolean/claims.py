@@ -22,8 +22,9 @@ def regime(results: dict) -> dict:
 
 
 def claims(results: dict) -> list:
-    """NI Table 1 as tests over seeds, by the rules of :mod:`modnets.experiments.fuzzy_boolean.rules`;
-    ``not testable here`` where pretraining missed its :func:`regime`."""
+    """NI Table 1 as tests over seeds, by the rules of
+    :mod:`modnets.experiments.fuzzy_boolean.rules`; ``not testable here`` where pretraining missed
+    its :func:`regime`."""
     m = results["models"]
     r2 = {k: per_seed(m[k]["per_seed"], "mean_r2") for k in m}
     cls, typ, all_ = r2["cls"], r2["type"], r2["all"]

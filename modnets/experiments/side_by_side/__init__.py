@@ -15,7 +15,8 @@ Run ``python -m modnets.experiments.side_by_side --profile cpu --out results.jso
 
 One file per job, as in every experiment: ``config``, ``data``, ``models``, ``analysis`` (the
 dropped modules and the costs), ``claims`` (our claims as tests, and the computed advice) and
-``rates`` (the learning rates chosen on the selection seeds) and ``run`` (what it measures at every claim seed); ``selection`` records the chosen rates, for a profile that names them.
+``rates`` (the learning rates chosen on the selection seeds) and ``run`` (what it measures at every
+claim seed); ``selection`` records the chosen rates, for a profile that names them.
 """
 
 from modnets.experiments.core.experiment import Experiment
