@@ -231,16 +231,20 @@ def test_run_options_are_checked_before_any_work():
 
 def test_the_shared_run_ends_with_regime_then_claims_from_what_was_measured():
     """``run`` hands ``measure`` the resolved options (the device and the workers set) and builds
-    the results from what it returns: the regime is computed before the claims, which read it."""
+    the results from what it returns: the regime is computed before the claims, which read it,
+    and both read the results as the file will hold them (string keys, lists), so a results
+    file decides the claims as the run did."""
     fuzzy = get("fuzzy_boolean")
     seen = {}
+    models = {"m": {"per_seed": [{"by_count": {3: 0.5}, "sizes": (1, 2)}]}}
 
     def measure(config, options):
         seen["options"] = options
-        return Measurement({"m": {"per_seed": []}}, {"d": 1}, config, config.selection_seeds)
+        return Measurement(models, {"d": 1}, config, config.selection_seeds)
 
     def regime(results):
         seen["regime_reads"] = sorted(results)
+        seen["row"] = results["models"]["m"]["per_seed"][0]
         return {"required": "r", "reached": True, "shortfall": "", "measured": {}}
 
     def claims(results):
@@ -255,7 +259,10 @@ def test_the_shared_run_ends_with_regime_then_claims_from_what_was_measured():
     assert seen["options"].device is not None  # resolved before measure
     assert seen["regime_reads"] == ["config", "diagnostics", "models"]
     assert seen["claims_read"] == "r"
-    assert results["models"] == {"m": {"per_seed": []}} and results["diagnostics"] == {"d": 1}
+    assert seen["row"] == {"by_count": {"3": 0.5}, "sizes": [1, 2]}  # as json.loads gives it
+    assert results["models"]["m"]["per_seed"][0] == seen["row"] and results["diagnostics"] == {
+        "d": 1
+    }
     assert results["experiment"] == "fuzzy_boolean" and results["profile"] == "smoke"
 
 

@@ -23,6 +23,7 @@ model registry and chapter 13 iterate what it finds.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,11 +175,10 @@ def run(
     options = dataclasses.replace(options, workers=workers)
     measured = experiment.measure(config, options)
     config = measured.config
-    results = {
-        "config": plain(config),
-        "models": measured.models,
-        "diagnostics": measured.diagnostics,
-    }
+    # the regime and the claims read the results as the file will hold them (plain JSON, string
+    # keys), so that a results file decides the claims as this run did
+    parts = {"config": config, "models": measured.models, "diagnostics": measured.diagnostics}
+    results = json.loads(json.dumps(plain(parts), allow_nan=True))
     results["regime"] = experiment.regime(results)
     return harness.results_dict(
         experiment.name,
