@@ -40,6 +40,7 @@ from modnets.data import download_root as _download_root
 from modnets.data import writable as _writable
 
 __all__ = [
+    "mnist_files",
     "load_mnist",
     "load_kmnist",
     "load_mnist_m",
@@ -214,6 +215,14 @@ def _check_pair(dataset: str, images: np.ndarray, labels: np.ndarray, where: Pat
         )
     if labels.size and (labels.min() < 0 or labels.max() > 9):
         raise DatasetCorruptedError(f"{dataset} in {where}: labels outside 0..9")
+
+
+def mnist_files(split: str = "train", root=None) -> list[Path]:
+    """The files of MNIST's ``split`` that :func:`load_mnist` reads (images, then labels)."""
+    _check_split(split)
+    prefix = "train" if split == "train" else "t10k"
+    folder = _root(root) / "MNIST" / "raw"
+    return [folder / f"{prefix}-images-idx3-ubyte.gz", folder / f"{prefix}-labels-idx1-ubyte.gz"]
 
 
 def load_mnist(split: str = "train", root=None, download: bool = True, verify: bool = True):

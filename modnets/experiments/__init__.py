@@ -5,11 +5,9 @@ Each is one package exporting ``EXPERIMENT`` (:mod:`modnets.experiments.core.exp
 ``MODNETS_EXPERIMENTS`` names.
 """
 
-import os as _os
+from modnets.experiments.core.discovery import extra_folders, get, list_experiments
 
 # a researcher's own experiment packages join this package from the folders the variable names
-__path__ += [p for p in _os.environ.get("MODNETS_EXPERIMENTS", "").split(_os.pathsep) if p.strip()]
-
-from modnets.experiments.core.discovery import get, list_experiments  # noqa: E402
+__path__ += [folder for folder in extra_folders() if folder not in __path__]
 
 __all__ = ["get", "list_experiments"]

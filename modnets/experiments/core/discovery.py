@@ -3,8 +3,9 @@
 
 A researcher's own experiment is one package too: put it in ``modnets/experiments/``, or in a
 folder named by ``MODNETS_EXPERIMENTS`` (folders separated by ``os.pathsep``), whose packages
-join :mod:`modnets.experiments` (``python -m modnets.experiments.<name>`` runs them; the
-budget, chapter 13 and the rule checks find them), as timm finds a registered model.
+join :mod:`modnets.experiments` (``python -m modnets.experiments <name>`` runs them; the
+budget, chapter 13, the model registry and the rule checks find them), as timm finds a
+registered model.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ __all__ = [
     "get",
     "all_rules",
     "rules_of",
-    "clear",
 ]
 
 #: The environment variable naming more folders of experiment packages.
@@ -99,8 +99,3 @@ def all_rules() -> dict[str, Rule]:
 def rules_of(experiment: str) -> dict[str, Rule]:
     """The rules of ``experiment``, by id, in the order it reports them."""
     return dict(get(experiment).rules)
-
-
-def clear() -> None:
-    """Forget what was found (after a package was added while the process runs)."""
-    _found.cache_clear()

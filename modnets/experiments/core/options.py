@@ -11,7 +11,7 @@ from typing import Any
 from modnets import distributed
 from modnets.utils import default_device
 
-__all__ = ["RunOptions", "with_flags", "resolved"]
+__all__ = ["RunOptions", "resolved"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,10 @@ class RunOptions:
         return dataclasses.replace(self, show_progress=False)
 
 
-def with_flags(options: RunOptions | None, flags: dict) -> RunOptions:
-    """``options`` (default :class:`RunOptions`) with the fields named in ``flags`` replaced;
-    a name that is not a field is refused, naming the fields."""
+def resolved(options: RunOptions | None, flags: dict) -> RunOptions:
+    """``options`` (default :class:`RunOptions`) with the fields named in ``flags`` replaced (a
+    name that is not a field is refused, naming the fields), and a device where they name none:
+    each process's own under ``torchrun``, else CUDA when there is one, else the CPU."""
     options = RunOptions() if options is None else options
     if not isinstance(options, RunOptions):
         raise TypeError(f"options must be a RunOptions, got {type(options).__name__}")
@@ -57,13 +58,7 @@ def with_flags(options: RunOptions | None, flags: dict) -> RunOptions:
     unknown = sorted(set(flags) - names)
     if unknown:
         raise TypeError(f"unknown options {unknown}; the options are {sorted(names)}")
-    return dataclasses.replace(options, **flags) if flags else options
-
-
-def resolved(options: RunOptions | None, flags: dict) -> RunOptions:
-    """:func:`with_flags`, and a device where the options name none: each process's own under
-    ``torchrun``, else CUDA when there is one, else the CPU."""
-    options = with_flags(options, flags)
+    options = dataclasses.replace(options, **flags)
     if options.device is not None:
         return options
     device = distributed.local_device() if distributed.is_distributed() else default_device()

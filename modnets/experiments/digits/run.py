@@ -197,7 +197,7 @@ def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
         each, side, workers, "pretraining seeds", show and not inline
     )
     rest = config.seeds[len(side) :]
-    per_seed_results += [functools.partial(_seed_results, config, options)(s) for s in rest]
+    per_seed_results += [_seed_results(config, options, s) for s in rest]
     models: dict = {
         kind: {"per_seed": [r["rows"][kind] for r in per_seed_results]} for kind in KINDS
     }

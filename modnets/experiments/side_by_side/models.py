@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets import pruning
-from modnets.data import data_root
+from modnets.data.digits import mnist_files
 from modnets.data.stacked_mnist import StackedMNIST
 from modnets.experiments.core import harness
 from modnets.experiments.core.harness import Stage
@@ -189,16 +188,10 @@ def trained_model(
         lambda: build_model(kind, t),
         lambda model, stage: train(model, data, t.optim(lr), stage),
         code=TRAIN_CODE,
-        data=harness.data_fingerprint(*_mnist_files(options.root)),
+        data=harness.data_fingerprint(*mnist_files("train", options.root)),
         options=options,
         desc=f"{MODEL_NAMES[kind]} (seed {seed}, lr {lr:g})",
     )
-
-
-def _mnist_files(root=None) -> list:
-    """The MNIST training files the canvases are drawn from (the data fingerprint)."""
-    folder = (data_root() if root is None else Path(root)) / "MNIST" / "raw"
-    return [folder / f"train-{p}-idx{n}-ubyte.gz" for p, n in (("images", 3), ("labels", 1))]
 
 
 def adapt(model: nn.Module, tests: dict, config: SideBySideConfig, lr: float, seed: int) -> float:

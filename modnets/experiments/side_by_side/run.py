@@ -15,10 +15,7 @@ from modnets.experiments.core import harness
 from modnets.experiments.core.experiment import Measurement
 from modnets.experiments.core.options import RunOptions
 from modnets.experiments.side_by_side.analysis import costs, drop_scores
-from modnets.experiments.side_by_side.config import (
-    MODEL_NAMES,
-    SideBySideConfig,
-)
+from modnets.experiments.side_by_side.config import MODEL_NAMES, SideBySideConfig
 from modnets.experiments.side_by_side.data import inputs, test_data, training_data
 from modnets.experiments.side_by_side.models import (
     adapt,
@@ -83,4 +80,6 @@ def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
     steps = t.epochs * len(t.train_counts) * (t.per_count // t.batch_size)
     models = {name: build_model(kind, t, seed=0) for kind, name in MODEL_NAMES.items()}
     size = {"samples": 2, "batch_size": t.batch_size, "steps": steps}
-    return [harness.DryRun(n, m, lambda m: loss(m, x, y), **size) for n, m in models.items()]
+    return [
+        harness.DryRun(name, net, lambda m: loss(m, x, y), **size) for name, net in models.items()
+    ]

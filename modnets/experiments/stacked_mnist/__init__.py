@@ -50,7 +50,6 @@ from modnets.experiments.stacked_mnist.data import (
     inputs,
     load_data,
     load_test_canvases,
-    mnist_files,
     training_data,
 )
 from modnets.experiments.stacked_mnist.models import (
@@ -98,7 +97,6 @@ __all__ = [
     "load_test_canvases",
     "loss",
     "measure",
-    "mnist_files",
     "ood_dips",
     "predict",
     "pretrained_cnn",

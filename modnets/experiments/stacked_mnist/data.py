@@ -3,22 +3,12 @@ and their batches."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from torch import Tensor
 
-from modnets.data import data_root
 from modnets.data.digits import load_mnist
 from modnets.data.stacked_mnist import make_canvases
 from modnets.experiments.stacked_mnist.config import StackedMNISTConfig, StackedMNISTTrain
-
-
-def mnist_files(root, split: str) -> list[Path]:
-    """The MNIST files of ``split`` that :func:`load_mnist` reads."""
-    folder = (data_root() if root is None else Path(root).expanduser()) / "MNIST" / "raw"
-    prefix = "train" if split == "train" else "t10k"
-    return [folder / f"{prefix}-images-idx3-ubyte.gz", folder / f"{prefix}-labels-idx1-ubyte.gz"]
 
 
 def training_data(train: StackedMNISTTrain, root=None, verify: bool = True) -> dict:

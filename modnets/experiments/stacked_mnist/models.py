@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets import distributed
+from modnets.data.digits import mnist_files
 from modnets.data.stacked_mnist import CANVAS_SIZE, StackedMNIST
 from modnets.experiments.core import harness
 from modnets.experiments.core.experiment import RegisteredModel
@@ -27,7 +28,6 @@ from modnets.experiments.stacked_mnist.config import (
 )
 from modnets.experiments.stacked_mnist.data import (
     inputs,
-    mnist_files,
     training_data,
 )
 from modnets.models.nfm import ConvNet
@@ -143,7 +143,7 @@ def trained_model(
     options = resolved(options, flags)
     t = config.train
     data = training_data(t, options.root, options.verify) if data is None else data
-    fingerprint = harness.data_fingerprint(*mnist_files(options.root, "train"))
+    fingerprint = harness.data_fingerprint(*mnist_files("train", options.root))
 
     if not t.finetune_epochs:
         return load_or_train(
@@ -193,7 +193,7 @@ def pretrained_cnn(
     t = config.train
     data = training_data(t, options.root, options.verify) if data is None else data
     pre_t = replace(t, finetune_epochs=0, **{f: getattr(StackedMNISTTrain, f) for f in NFM_ONLY})
-    fingerprint = harness.data_fingerprint(*mnist_files(options.root, "train"))
+    fingerprint = harness.data_fingerprint(*mnist_files("train", options.root))
     build = functools.partial(build_model, "cnn", pre_t)
     return load_or_train(
         f"{NAME}-cnn",

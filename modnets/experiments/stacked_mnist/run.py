@@ -17,10 +17,7 @@ from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.stats import per_seed, seed_stats
 from modnets.experiments.stacked_mnist.analysis import held_out, ood_dips, read_matrix, traced_reads
 from modnets.experiments.stacked_mnist.claims import _convergence
-from modnets.experiments.stacked_mnist.config import (
-    MODEL_NAMES,
-    StackedMNISTConfig,
-)
+from modnets.experiments.stacked_mnist.config import MODEL_NAMES, StackedMNISTConfig
 from modnets.experiments.stacked_mnist.data import inputs, load_test_canvases, training_data
 from modnets.experiments.stacked_mnist.models import (
     build_model,
