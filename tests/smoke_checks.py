@@ -16,6 +16,23 @@ from modnets.experiments.core.harness import SCHEMA
 DATA = {name: get(name).data_folders for name in list_experiments()}
 
 
+#: Results measured with a clock (what differs between two runs of the same work): keys, and
+#: claims about speed.
+TIMED_KEYS = ("seconds", "samples_per_s", "speedup", "_ms", "per_s", "vs_cnn")
+TIMED_CLAIMS = ("throughput", "speedup")
+
+
+def without_times(obj):
+    """Results with every timing left out."""
+    if isinstance(obj, dict):
+        if any(t in str(obj.get("id", "")) for t in TIMED_CLAIMS):
+            return None
+        return {k: without_times(v) for k, v in obj.items() if not any(t in k for t in TIMED_KEYS)}
+    if isinstance(obj, list):
+        return [without_times(v) for v in obj]
+    return obj
+
+
 def missing_data(name: str) -> list[str]:
     """The folders of ``name``'s smoke run that are not below the data root."""
     return [d for d in DATA[name] if not (data_root() / d).exists()]

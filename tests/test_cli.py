@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from smoke_checks import DATA, check_smoke_results, missing_data
+from smoke_checks import DATA, check_smoke_results, missing_data, without_times
 from torch import nn
 
 from modnets import parallel
@@ -101,23 +101,6 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_it_ignored(tmp_path):
         signal.signal(signal.SIGINT, old)
 
 
-#: Results measured with a clock (what differs between two runs of the same work): keys, and
-#: claims about speed.
-TIMED_KEYS = ("seconds", "samples_per_s", "speedup", "_ms", "per_s", "vs_cnn")
-TIMED_CLAIMS = ("throughput", "speedup")
-
-
-def _without_times(obj):
-    """Results with every timing left out."""
-    if isinstance(obj, dict):
-        if any(t in str(obj.get("id", "")) for t in TIMED_CLAIMS):
-            return None
-        return {k: _without_times(v) for k, v in obj.items() if not any(t in k for t in TIMED_KEYS)}
-    if isinstance(obj, list):
-        return [_without_times(v) for v in obj]
-    return obj
-
-
 @pytest.fixture
 def one_thread():
     """Torch on one thread here, as in the process the test starts: the runs compared then
@@ -191,4 +174,4 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
     assert "--resume" in err.read_text()
     main([*args, str(out), "--resume"])
     results = [json.loads(p.read_text()) for p in (tmp_path / "whole.json", out)]
-    assert _without_times(results[0]) == _without_times(results[1])
+    assert without_times(results[0]) == without_times(results[1])

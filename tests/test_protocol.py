@@ -95,8 +95,14 @@ def measure(config, options):
         step = lambda m, idx: loss(m, x[idx], y[idx])  # noqa: E731
         history = fit(model, step, cfg, n=config.points, show_progress=options.show_progress)
         rows.append({"seed": seed, "slope": model.weight.item(), "history": history})
-    models = {"line": {"per_seed": rows, "slope": seed_stats(per_seed(rows, "slope"))}}
-    return Measurement(models, {}, config, config.selection_seeds)
+    models, diagnostics = summarise(config, {"line": {"per_seed": rows}}, {})
+    return Measurement(models, diagnostics, config, config.selection_seeds)
+
+
+def summarise(config, models, diagnostics):
+    rows = models["line"]["per_seed"]
+    models["line"]["slope"] = seed_stats(per_seed(rows, "slope"))
+    return models, diagnostics
 
 
 def regime(results):

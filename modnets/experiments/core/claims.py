@@ -44,6 +44,7 @@ __all__ = [
     "decide",
     "mde",
     "seeds_needed",
+    "paper_distance",
     "decide_rule",
     "sides",
     "paired",
@@ -224,7 +225,7 @@ def decide_rule(
         finite = v.size > 1 and np.isfinite(v).all() and s["sd"] > 0
         p = float(stats.ttest_1samp(v, rule.threshold).pvalue) if finite else float("nan")
     m = mde(s["sd"], s["n"], equivalence) if np.isfinite(v).all() else None
-    distance = _paper_distance(rule)
+    distance = paper_distance(rule)
     needed = seeds_needed(distance, s["sd"], equivalence) if distance is not None else None
     vs = _vs_paper(rule, interval)
     if verdict == "inconclusive" and interval is not None and reason:
@@ -265,7 +266,7 @@ def _claim(rule: Rule, ours: str, verdict: str, reason: str, **outcome) -> Claim
     )
 
 
-def _paper_distance(rule: Rule) -> float | None:
+def paper_distance(rule: Rule) -> float | None:
     """How far the paper's effect lies from the threshold, on the claim's side (an equivalence:
     its margin); None where the paper gives no number."""
     if rule.test == "equivalent":

@@ -5,17 +5,22 @@ An experiment is one package of :mod:`modnets.experiments` whose ``__init__`` ex
 
 * ``configs``: its configuration per profile (``smoke``, ``cpu``, ``gpu``);
 * ``measure(config, options)``: trains its models at every claim seed and measures them,
-  returning a :class:`Measurement` (the models' per-seed numbers, the diagnostics, the
+  returning a :class:`Measurement` (the models' per-seed numbers, the per-seed diagnostics, the
   configuration as run and its selection seeds);
 * ``regime(results)`` and ``claims(results)``: what the claims presuppose of the trained models,
   and the claims, both read from the results as they will be written (``config``, ``models``,
   ``diagnostics`` and, for ``claims``, ``regime``);
+* ``summarise(config, models, diagnostics)``: the summaries over seeds, computed from the
+  per-seed entries ``measure`` returned, as a results file holds them (plain JSON): so results
+  measured one seed at a time, in other processes or on other machines, combine into the
+  results of their seeds (:mod:`modnets.experiments.core.evidence`);
 * ``rules``: the rules that decide its claims (:mod:`modnets.experiments.core.rules` pins them);
 * ``dry_run(config)``: one training step of each model on a tiny batch (the budget and the
   smoke checks use it); ``summary(results)``: the plain-text table the command line prints.
 
 :func:`run` does the rest, the same for every experiment: the profile and its configuration,
-the device, the worker processes, then measure → regime → claims → the results file's schema.
+the device, the worker processes, then measure → summarise → regime → claims → the results
+file's schema.
 :mod:`modnets.experiments.core.discovery` finds the packages; the command line, the budget, the
 model registry and chapter 13 iterate what it finds.
 """
@@ -35,7 +40,15 @@ from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.rule import Rule
 from modnets.profiles import get_profile, select
 
-__all__ = ["RunOptions", "RegisteredModel", "Measurement", "Experiment", "PARTS", "run"]
+__all__ = [
+    "RunOptions",
+    "RegisteredModel",
+    "Measurement",
+    "Experiment",
+    "PARTS",
+    "run",
+    "decided",
+]
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ PARTS = {
     "measure": "measure",
     "regime": "regime",
     "claims": "claims",
+    "summarise": "summarise",
     "format_summary": "summary",
     "dry_run": "dry_run",
     "RULES": "rules",
@@ -112,6 +126,7 @@ class Experiment:
     measure: Callable[[Any, RunOptions], Measurement]
     regime: Callable[[dict], dict]
     claims: Callable[[dict], list]
+    summarise: Callable[[Any, dict, dict], tuple[dict, dict]]
     summary: Callable[[dict], str]
     dry_run: Callable[[Any], list]
     rules: Mapping[str, Rule]
@@ -174,21 +189,43 @@ def run(
     workers = harness.workers_for(options.workers, profile, options.device)
     options = dataclasses.replace(options, workers=workers)
     measured = experiment.measure(config, options)
-    config = measured.config
-    # the regime and the claims read the results as the file will hold them (plain JSON, string
-    # keys), so that a results file decides the claims as this run did
-    parts = {"config": config, "models": measured.models, "diagnostics": measured.diagnostics}
-    results = json.loads(json.dumps(plain(parts), allow_nan=True))
+    return decided(experiment, profile, measured, harness.provenance(start, experiment.code))
+
+
+def as_written(obj):
+    """``obj`` as a results file holds it: plain JSON (string keys, lists)."""
+    return json.loads(json.dumps(plain(obj), allow_nan=True))
+
+
+def decided(
+    experiment: Experiment,
+    profile: str,
+    measured: Measurement,
+    provenance: dict,
+    *,
+    written_config: dict | None = None,
+) -> dict:
+    """The results of ``measured`` (its per-seed entries): their summaries over seeds, the
+    regime and the claims, in the harness schema (plain JSON). Each reads the results as the
+    file will hold them (string keys), so a results file, or per-seed records combined, decide
+    as the run did. ``written_config``: the configuration as the file holds it, where it is not
+    ``measured.config``'s (records combined: the configuration as their seeds ran)."""
+    models, diagnostics = experiment.summarise(
+        measured.config, as_written(measured.models), as_written(measured.diagnostics)
+    )
+    config = as_written(measured.config) if written_config is None else written_config
+    parts = {"config": config, "models": models, "diagnostics": diagnostics}
+    results = as_written(parts)
     results["regime"] = experiment.regime(results)
     return harness.results_dict(
         experiment.name,
         profile,
         config=config,
-        seeds=config.seeds,
-        models=measured.models,
-        diagnostics=measured.diagnostics,
+        seeds=config["seeds"],
+        models=models,
+        diagnostics=diagnostics,
         claims=experiment.claims(results),
-        provenance=harness.provenance(start, experiment.code),
+        provenance=provenance,
         selection_seeds=measured.selection_seeds,
         regime=results["regime"],
     )

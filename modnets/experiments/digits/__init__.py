@@ -91,7 +91,7 @@ from modnets.experiments.digits.models import (
     trained_model,
 )
 from modnets.experiments.digits.rules import RULES
-from modnets.experiments.digits.run import dry_run, measure
+from modnets.experiments.digits.run import dry_run, measure, summarise
 
 __all__ = [
     "BUILDERS",
@@ -136,6 +136,7 @@ __all__ = [
     "matched_snapshot",
     "mean_over",
     "measure",
+    "summarise",
     "predict",
     "prepare_adaptation",
     "pretrain",

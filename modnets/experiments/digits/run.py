@@ -201,7 +201,16 @@ def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
     models: dict = {
         kind: {"per_seed": [r["rows"][kind] for r in per_seed_results]} for kind in KINDS
     }
-    routing = [r["routing"] for r in per_seed_results]
+    diag = {
+        "datasets": list(config.train.datasets),
+        "routing_after_pretraining": [r["routing"] for r in per_seed_results],
+    }
+    return Measurement(models, diag, config, config.selection_seeds)
+
+
+def summarise(config: DigitsConfig, models: dict, diagnostics: dict) -> tuple[dict, dict]:
+    """The summaries over pretraining seeds, from the per-seed entries: each seed's mean (over
+    adaptation seeds, trials or datasets) summarised; the validation accuracies per model."""
     for kind, entry in models.items():
         runs = entry["per_seed"]
         entry["mean_val_acc"] = seed_stats([r["mean_val_acc"] for r in runs])
@@ -213,12 +222,8 @@ def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
             entry[key] = _summaries(runs, key, np.mean)
     models["ni"]["drop"] = _summaries(models["ni"]["per_seed"], "drop", drop_mean)
     models["ni"]["anytime"] = _summaries(models["ni"]["per_seed"], "anytime", mean_over)
-    diag = {
-        "datasets": list(config.train.datasets),
-        "routing_after_pretraining": routing,
-        "val_acc": {kind: [r["val_acc"] for r in models[kind]["per_seed"]] for kind in KINDS},
-    }
-    return Measurement(models, diag, config, config.selection_seeds)
+    val_acc = {kind: [r["val_acc"] for r in models[kind]["per_seed"]] for kind in KINDS}
+    return models, {**diagnostics, "val_acc": val_acc}
 
 
 def dry_run(config: DigitsConfig) -> list[harness.DryRun]:

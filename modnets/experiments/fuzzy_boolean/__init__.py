@@ -72,7 +72,7 @@ from modnets.experiments.fuzzy_boolean.models import (
     trained_models,
 )
 from modnets.experiments.fuzzy_boolean.rules import RULES
-from modnets.experiments.fuzzy_boolean.run import dry_run, measure
+from modnets.experiments.fuzzy_boolean.run import dry_run, measure, summarise
 from modnets.experiments.fuzzy_boolean.sweep import (
     choose_candidate,
     load_sweep_record,
@@ -115,6 +115,7 @@ __all__ = [
     "load_sweep_record",
     "loss",
     "measure",
+    "summarise",
     "pretrained",
     "record_sweep",
     "regime",

@@ -114,8 +114,6 @@ def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
                 },
             }
         )
-    for entry in models.values():
-        entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
     diag = {
         "routing_after_pretraining": routing,
         "routing_shift": shifts,
@@ -123,3 +121,10 @@ def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
         "functions": functions,
     }
     return Measurement(models, diag, replace(config, train=chosen), selection)
+
+
+def summarise(config: FuzzyBooleanConfig, models: dict, diagnostics: dict) -> tuple[dict, dict]:
+    """The summaries over seeds, from the per-seed entries: each model's mean R^2."""
+    for entry in models.values():
+        entry["mean_r2"] = seed_stats(per_seed(entry["per_seed"], "mean_r2"))
+    return models, diagnostics

@@ -62,7 +62,7 @@ from modnets.experiments.side_by_side.models import (
 )
 from modnets.experiments.side_by_side.rates import choose_rates, select_rates
 from modnets.experiments.side_by_side.rules import RULES
-from modnets.experiments.side_by_side.run import dry_run, measure
+from modnets.experiments.side_by_side.run import dry_run, measure, summarise
 
 __all__ = [
     "ARCH",
@@ -99,6 +99,7 @@ __all__ = [
     "loss",
     "mean_exact",
     "measure",
+    "summarise",
     "per_seed",
     "recorded_path",
     "regime",

@@ -71,6 +71,12 @@ def measure(config: SideBySideConfig, options: RunOptions) -> Measurement:
     return Measurement(models, diagnostics, config, config.selection_seeds)
 
 
+def summarise(config: SideBySideConfig, models: dict, diagnostics: dict) -> tuple[dict, dict]:
+    """Nothing to summarise over seeds: the claims read the per-seed entries, and the costs are
+    measured once, in one process."""
+    return models, diagnostics
+
+
 def dry_run(config: SideBySideConfig) -> list[harness.DryRun]:
     """Every model of ``config`` and its training loss on two random canvases of the real
     shape (see :func:`modnets.experiments.core.harness.dry_run`)."""

@@ -64,7 +64,7 @@ from modnets.experiments.stacked_mnist.models import (
     trained_model,
 )
 from modnets.experiments.stacked_mnist.rules import RULES
-from modnets.experiments.stacked_mnist.run import dry_run, measure
+from modnets.experiments.stacked_mnist.run import dry_run, measure, summarise
 
 __all__ = [
     "CHAPTER",
@@ -97,6 +97,7 @@ __all__ = [
     "load_test_canvases",
     "loss",
     "measure",
+    "summarise",
     "ood_dips",
     "predict",
     "pretrained_cnn",

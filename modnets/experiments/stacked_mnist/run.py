@@ -120,8 +120,7 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
                 "convergence": _convergence(history),
             }
         diag_per_seed.append(diag)
-    diags = _summarise(models, diag_per_seed, config)
-    return Measurement(models, diags, config, config.selection_seeds)
+    return Measurement(models, {"per_seed": diag_per_seed}, config, config.selection_seeds)
 
 
 def _nfm_reads(model, tests: dict, config: StackedMNISTConfig) -> dict:
@@ -139,15 +138,16 @@ def _nfm_reads(model, tests: dict, config: StackedMNISTConfig) -> dict:
     }
 
 
-def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConfig) -> dict:
-    """Each model's accuracy per digit count over seeds (into ``models``), and the diagnostics:
-    per seed, and the out-of-distribution dips of both models and of every head over seeds."""
+def summarise(config: StackedMNISTConfig, models: dict, diagnostics: dict) -> tuple[dict, dict]:
+    """The summaries over seeds, from the per-seed entries: each model's accuracy per digit
+    count, and the out-of-distribution dips of both models and of every head."""
+    diag_per_seed = diagnostics["per_seed"]
     for entry in models.values():
         runs = entry["per_seed"]
         entry["parameters"] = runs[0]["parameters"]
         entry["test"] = {
             c: {m: seed_stats(per_seed(runs, "test", c, m)) for m in ("exact", "label")}
-            for c in config.test_counts
+            for c in runs[0]["test"]
         }
     first = diag_per_seed[0]
     dips = {
@@ -164,7 +164,7 @@ def _summarise(models: dict, diag_per_seed: list[dict], config: StackedMNISTConf
         }
         for pool in first["heads"]
     }
-    return {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
+    return models, {"per_seed": diag_per_seed, "ood_dip": dips, "head_dips": heads}
 
 
 def dry_run(config: StackedMNISTConfig) -> list[harness.DryRun]:

@@ -89,6 +89,7 @@ from modnets.experiments.tiny_imagenet.run import (
     measure,
     model_task,
     readings,
+    summarise,
     train_task,
 )
 
@@ -136,6 +137,7 @@ __all__ = [
     "make_step",
     "matched_flops",
     "measure",
+    "summarise",
     "model_name",
     "model_task",
     "nac_diagnostics",

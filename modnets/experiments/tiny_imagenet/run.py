@@ -179,7 +179,6 @@ def measure(config: TinyImageNetConfig, options: RunOptions) -> Measurement:
                 diag[name].append(read[1])
             _speed_readings(r, model, config, seed)
             models[name]["per_seed"].append(r)
-    _summarise(models, diag)
     return Measurement(models, diag, config, config.selection_seeds)
 
 
@@ -205,8 +204,9 @@ def _speed_readings(r: dict, model, config: TinyImageNetConfig, seed: int) -> No
     )
 
 
-def _summarise(models: dict, diag: dict) -> None:
-    """Each reading over seeds, into ``models``; whether dropping matters for each NAC."""
+def summarise(config: TinyImageNetConfig, models: dict, diagnostics: dict) -> tuple[dict, dict]:
+    """The summaries over seeds, from the per-seed entries: each reading, and whether dropping
+    matters for each NAC."""
     for entry in models.values():
         keys = ["top1", "top5", "top1_at80", "lost_at80", "relative_lost_at80", "speedup_at80"]
         if entry["kind"] == "nac":
@@ -220,6 +220,7 @@ def _summarise(models: dict, diag: dict) -> None:
             ]
         for k in keys:
             entry[k] = seed_stats(per_seed(entry["per_seed"], k))
-    for name in diag:  # the mechanism the dropping claims rely on: a diagnostic, not a gate
+    for name in diagnostics:  # the mechanism the dropping claims rely on: a diagnostic, not a gate
         holds, reason = dropping_matters(models[name]["per_seed"])
         models[name]["dropping_matters"] = {"holds": holds, "reason": reason}
+    return models, diagnostics

@@ -1,0 +1,431 @@
+"""Evidence runs: each paper claim decided on seeds chosen by power, twice, from one committed
+record per seed.
+
+The book's build trains a few seeds in minutes; a verdict needs as many seeds as the claim's
+spread asks for, and it counts only if another set of seeds, run on any machine, gives the same
+one. An evidence run (``python -m modnets.reproduce``) goes, per experiment and profile:
+
+1. **pilot**: the experiment at :data:`PILOT_SEEDS` (never claim seeds) gives the spread over
+   seeds of each claim's tested quantity;
+2. **plan**: from that spread, the seeds each paper claim needs to see the paper's effect at 80 %
+   power (:func:`~modnets.experiments.core.claims.seeds_needed`); ``n`` is their largest, within
+   [:data:`MIN_SEEDS`, :data:`CAP`]; two disjoint sets of ``n`` seeds, the claim seeds and the
+   replication seeds, are written to ``plan.json`` before either runs;
+3. **seeds**: each seed measured alone, written to ``seed-<k>.json`` with its provenance (code
+   fingerprint, torch, CPU, threads, compile path, wall time); a seed with a record is not
+   run again, so a run stopped anywhere resumes, in another session or on another machine;
+4. **record**: each set's seed records combined (the experiment's ``summarise``), its regime and
+   claims decided as the book decides them; a claim is decided where both sets agree.
+
+A seed record is sealed (a hash of its content), so an edited number is caught; a record whose
+code fingerprint is not the code's any more is stale (:func:`problems` names both, with the
+command that renews them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modnets.experiments.core import harness
+from modnets.experiments.core.claims import paper_distance, seeds_needed
+from modnets.experiments.core.experiment import Experiment, Measurement, decided
+from modnets.experiments.core.fingerprints import code_fingerprint, plain
+from modnets.experiments.core.options import RunOptions, resolved
+from modnets.experiments.core.rules import get_rule
+from modnets.experiments.core.stats import seed_stats
+from modnets.profiles import select
+from modnets.utils import atomic_file, progress
+
+__all__ = [
+    "RECORDS",
+    "PILOT_SEEDS",
+    "MIN_SEEDS",
+    "CAP",
+    "REPLICATION_START",
+    "SETS",
+    "Plan",
+    "Agreement",
+    "Record",
+    "record_folder",
+    "measure_seed",
+    "combine",
+    "plan_from_pilot",
+    "evidence",
+    "load_record",
+    "problems",
+    "SeedCheck",
+    "check_seed",
+]
+
+#: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
+RECORDS = Path(__file__).resolve().parents[1] / "records"
+#: The pilot's seeds: they choose how many claim seeds there are, so they are never claim seeds.
+PILOT_SEEDS = (900, 901, 902)
+#: The fewest claim seeds a plan takes: below it a t-interval is too wide to decide anything.
+MIN_SEEDS = 4
+#: The most: a claim that needs more says so ("needs N > CAP seeds") instead of deciding.
+CAP = 12
+#: The replication seeds are ``REPLICATION_START, +1, ...``; the claim seeds ``0, 1, ...``.
+REPLICATION_START = 1000
+#: The two seed sets of a plan.
+SETS = ("claim", "replication")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an evidence run fixes before any claim seed runs: ``needed``, per paper claim with a
+    number, the seeds that see the paper's effect at 80 % power at the pilot's spread (``None``:
+    more than any affordable number, or no spread to go by); ``n`` the seeds per set; ``seeds``
+    both sets by name; ``code`` the code fingerprint the pilot ran with; ``declared`` the date."""
+
+    experiment: str
+    profile: str
+    pilot_seeds: list[int]
+    needed: dict[str, int | None]
+    n: int
+    cap: int
+    seeds: dict[str, list[int]]
+    code: str
+    declared: str
+
+    def __post_init__(self):
+        claim, replication = (set(self.seeds[s]) for s in SETS)
+        overlap = (claim & replication) | ((claim | replication) & set(self.pilot_seeds))
+        if overlap:
+            raise ValueError(
+                f"plan: the pilot, claim and replication seeds share {sorted(overlap)}"
+            )
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One claim under both seed sets: ``decided`` is the verdict both gave (after Holm), or
+    ``"disagree"``; ``note`` says why a claim is not decided (a disagreement, or more seeds than
+    the plan's cap needed)."""
+
+    id: str
+    kind: str
+    verdicts: dict[str, str]
+    decided: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Record:
+    """An experiment's evidence: its :class:`Plan`, each set's results (the harness schema, as a
+    run of those seeds would give them) and each claim's :class:`Agreement`; ``missing``: the
+    seeds of each set with no record yet (then that set's results are ``None``)."""
+
+    plan: Plan
+    results: dict[str, dict | None]
+    agreements: list[Agreement] = field(default_factory=list)
+    missing: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.missing.values())
+
+
+def record_folder(experiment: str, profile: str, root: str | Path | None = None) -> Path:
+    """Where an experiment's records at ``profile`` lie."""
+    return Path(RECORDS if root is None else root) / profile / experiment
+
+
+def _seed_path(folder: Path, seed: int) -> Path:
+    return folder / f"seed-{seed}.json"
+
+
+# ----------------------------------------------------------------------------- one seed
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _seal(content: dict) -> str:
+    """The hash of a record's content (everything but the seal)."""
+    text = json.dumps({k: v for k, v in content.items() if k != "seal"}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _configured(experiment: Experiment, profile: str, seeds: Sequence[int]):
+    return dataclasses.replace(select(experiment.configs, profile), seeds=tuple(seeds))
+
+
+def measure_seed(experiment: Experiment, profile: str, seed: int, options: RunOptions) -> dict:
+    """``experiment`` at ``profile`` measured at ``seed`` alone: its results without claims (a
+    set decides those), with the provenance of this process, sealed."""
+    from modnets.training import compiler_available
+
+    start = time.perf_counter()
+    config = _configured(experiment, profile, [seed])
+    measured = experiment.measure(config, options)
+    provenance = harness.provenance(start, experiment.code)
+    provenance["cpu"] = _cpu_model()
+    provenance["compiler"] = compiler_available(options.device)
+    provenance["date"] = datetime.date.today().isoformat()
+    out = {
+        "experiment": experiment.name,
+        "profile": profile,
+        "seed": seed,
+        "config": plain(measured.config),
+        "selection_seeds": list(measured.selection_seeds),
+        "models": plain(measured.models),
+        "diagnostics": plain(measured.diagnostics),
+        "provenance": provenance,
+    }
+    out = json.loads(json.dumps(out, allow_nan=True))
+    return {**out, "seal": _seal(out)}
+
+
+def _load_seed(path: Path) -> dict:
+    record = json.loads(path.read_text())
+    if record.get("seal") != _seal(record):
+        raise ValueError(f"{path}: its content does not match its seal (edited after it was made)")
+    return record
+
+
+# ----------------------------------------------------------------------------- combining
+
+
+def _merge(parts: list):
+    """Seed records' ``models`` / ``diagnostics`` (per-seed entries, before any summary) as one:
+    per-seed lists (entries with a ``"seed"``) joined in order, dicts merged key by key,
+    anything else taken from the first record (a setting, or a cost measured once)."""
+    first = parts[0]
+    if isinstance(first, dict):
+        keys = list(dict.fromkeys(k for p in parts for k in p))
+        return {k: _merge([p[k] for p in parts if k in p]) for k in keys}
+    if isinstance(first, list) and all(
+        isinstance(x, dict) and "seed" in x for p in parts for x in p
+    ):
+        return [x for p in parts for x in p]
+    return first
+
+
+def combine(experiment: Experiment, records: Sequence[dict]) -> dict:
+    """The results (harness schema, claims decided) of the seeds of ``records``, as one run of
+    those seeds gives them."""
+    if not records:
+        raise ValueError("combine needs at least one seed record")
+    profile = records[0]["profile"]
+    seeds = [r["seed"] for r in records]
+    as_run = [{k: v for k, v in r["config"].items() if k != "seeds"} for r in records]
+    if any(c != as_run[0] for c in as_run):
+        raise ValueError(f"{experiment.name}: the seed records were made with other configurations")
+    models = _merge([r["models"] for r in records])
+    diagnostics = _merge([r["diagnostics"] for r in records])
+    prov = [r["provenance"] for r in records]
+    provenance = {
+        "code_fingerprint": sorted({p["code_fingerprint"] for p in prov}),
+        "torch": sorted({p["torch"] for p in prov}),
+        "cpu": sorted({p.get("cpu", p["device"]) for p in prov}),
+        "device": sorted({p["device"] for p in prov}),
+        "compiler": sorted({bool(p.get("compiler")) for p in prov}),
+        "threads": sorted({p["threads"] for p in prov}),
+        "wall_seconds": sum(p["wall_seconds"] for p in prov),
+        "dates": sorted({p.get("date", "") for p in prov}),
+    }
+    selection = records[0]["selection_seeds"]
+    config = _configured(experiment, profile, seeds)
+    measured = Measurement(models, diagnostics, config, selection)
+    # the configuration as the seeds ran it (after any selection), as the results file holds it
+    written = {**as_run[0], "seeds": seeds}
+    return decided(experiment, profile, measured, provenance, written_config=written)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def plan_from_pilot(pilot: dict, *, cap: int = CAP, min_seeds: int = MIN_SEEDS) -> Plan:
+    """The :class:`Plan` the pilot's results (:func:`combine` of the pilot seeds) ask for."""
+    needed = {}
+    for claim in pilot["claims"]:
+        distance = paper_distance(get_rule(claim["id"]))
+        if claim["kind"] != "paper" or distance is None or len(claim["values"]) < 2:
+            continue
+        sd = seed_stats(claim["values"])["sd"]
+        needed[claim["id"]] = seeds_needed(distance, sd, claim["test"] == "equivalent")
+    affordable = [k for k in needed.values() if k is not None and k <= cap]
+    n = min(max([min_seeds, *affordable]), cap)
+    return Plan(
+        experiment=pilot["experiment"],
+        profile=pilot["profile"],
+        pilot_seeds=list(pilot["seeds"]),
+        needed=needed,
+        n=n,
+        cap=cap,
+        seeds={
+            "claim": list(range(n)),
+            "replication": list(range(REPLICATION_START, REPLICATION_START + n)),
+        },
+        code=pilot["provenance"]["code_fingerprint"][0],
+        declared=datetime.date.today().isoformat(),
+    )
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _ensure(experiment, profile, seeds, folder, options, desc) -> list[dict]:
+    """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
+    todo = [s for s in seeds if not _seed_path(folder, s).exists()]
+    bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
+    for seed in todo:
+        record = measure_seed(experiment, profile, seed, options.quiet())
+        with atomic_file(_seed_path(folder, seed)) as tmp:
+            tmp.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        bar.update(1)
+    bar.close()
+    return [_load_seed(_seed_path(folder, s)) for s in seeds]
+
+
+def evidence(
+    experiment: Experiment,
+    profile: str,
+    options: RunOptions | None = None,
+    *,
+    root: str | Path | None = None,
+    **flags,
+) -> Record:
+    """Run (or go on with) ``experiment``'s evidence at ``profile``: the pilot, the plan (kept
+    once written), both seed sets; the :class:`Record`."""
+    options = resolved(options, flags)
+    folder = record_folder(experiment.name, profile, root)
+    plan_path = folder / "plan.json"
+    if not plan_path.exists():
+        pilot = combine(
+            experiment, _ensure(experiment, profile, PILOT_SEEDS, folder, options, "pilot")
+        )
+        plan = plan_from_pilot(pilot)
+        with atomic_file(plan_path) as tmp:
+            tmp.write_text(json.dumps(dataclasses.asdict(plan), indent=1) + "\n")
+    plan = Plan(**json.loads(plan_path.read_text()))
+    for name in SETS:
+        _ensure(experiment, profile, plan.seeds[name], folder, options, f"{name} seeds")
+    return load_record(experiment, profile, root)
+
+
+def _agreements(results: dict[str, dict], plan: Plan) -> list[Agreement]:
+    by_set = {s: {c["id"]: c for c in results[s]["claims"]} for s in SETS}
+    out = []
+    for cid, claim in by_set["claim"].items():
+        verdicts = {s: by_set[s][cid]["verdict_holm"] for s in SETS}
+        same = len(set(verdicts.values())) == 1
+        note = ""
+        needed = plan.needed.get(cid, 0)
+        if needed is None or needed > plan.cap:
+            note = f"needs more than the cap of {plan.cap} seeds at the pilot's spread"
+        elif not same:
+            note = "the two seed sets disagree"
+        out.append(
+            Agreement(
+                id=cid,
+                kind=claim["kind"],
+                verdicts=verdicts,
+                decided=verdicts["claim"] if same else "disagree",
+                note=note,
+            )
+        )
+    return out
+
+
+def load_record(experiment: Experiment, profile: str, root: str | Path | None = None) -> Record:
+    """The :class:`Record` of ``experiment`` at ``profile`` from its committed files."""
+    folder = record_folder(experiment.name, profile, root)
+    plan_path = folder / "plan.json"
+    if not plan_path.exists():
+        raise FileNotFoundError(
+            f"no evidence record for {experiment.name} at {profile} in {folder}: "
+            f"python -m modnets.reproduce --profile {profile} --experiments {experiment.name}"
+        )
+    plan = Plan(**json.loads(plan_path.read_text()))
+    results, missing = {}, {}
+    for name in SETS:
+        seeds = plan.seeds[name]
+        missing[name] = [s for s in seeds if not _seed_path(folder, s).exists()]
+        records = [_load_seed(_seed_path(folder, s)) for s in seeds if s not in missing[name]]
+        results[name] = None if missing[name] else combine(experiment, records)
+    agreements = _agreements(results, plan) if not any(missing.values()) else []
+    return Record(plan, results, agreements, missing)
+
+
+def problems(experiments: Sequence[Experiment], root: str | Path | None = None) -> list[str]:
+    """What is wrong with the committed records of ``experiments`` (every profile): a seed
+    record edited after it was made, or made with code that is not the code any more (stale);
+    each with the command that renews it. Empty: every record stands."""
+    out = []
+    for experiment in experiments:
+        current = code_fingerprint(*experiment.code) if experiment.code else None
+        for path in sorted(Path(RECORDS if root is None else root).glob(f"*/{experiment.name}/")):
+            renew = (
+                f"python -m modnets.reproduce --profile {path.parent.name} "
+                f"--experiments {experiment.name} --renew"
+            )
+            for seed_file in sorted(path.glob("seed-*.json")):
+                try:
+                    record = _load_seed(seed_file)
+                except ValueError as err:
+                    out.append(f"{err}; renew it: {renew}")
+                    continue
+                made = record["provenance"]["code_fingerprint"]
+                if current is not None and made != current:
+                    out.append(
+                        f"{seed_file}: made with code {made}, the code is now {current} "
+                        f"(stale); renew it: {renew}"
+                    )
+    return out
+
+
+# ----------------------------------------------------------------------------- the build's check
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """One claim's tested quantity at a seed recomputed by the build, against the record:
+    ``within`` when ``value`` lies in the record's range over the set widened by its spread
+    (machines round differently, so not to the bit)."""
+
+    id: str
+    seed: int
+    value: float
+    low: float
+    high: float
+
+    @property
+    def within(self) -> bool:
+        return self.low <= self.value <= self.high
+
+
+def check_seed(experiment: Experiment, record: Record, recomputed: dict) -> list[SeedCheck]:
+    """Each claim's value in ``recomputed`` (the results of a run at one seed of the record's
+    claim set) against the claim set's values in ``record``."""
+    if len(recomputed["seeds"]) != 1:
+        raise ValueError(f"recomputed must hold one seed, got {recomputed['seeds']}")
+    (seed,) = recomputed["seeds"]
+    if seed not in record.plan.seeds["claim"]:
+        raise ValueError(f"seed {seed} is not a claim seed of the record")
+    reference = {c["id"]: c["values"] for c in record.results["claim"]["claims"]}
+    out = []
+    for claim in recomputed["claims"]:
+        values = reference.get(claim["id"]) or []
+        if not claim["values"] or len(values) < 2:
+            continue
+        s = seed_stats(values)
+        lo, hi = min(values) - s["sd"], max(values) + s["sd"]
+        out.append(SeedCheck(claim["id"], seed, claim["values"][0], lo, hi))
+    return out

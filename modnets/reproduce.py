@@ -1,0 +1,70 @@
+"""The evidence run: ``python -m modnets.reproduce --profile cpu [--experiments NAME ...]``.
+
+For each experiment: a pilot on its pilot seeds, the number of claim seeds from the pilot's
+spread by power, then the claim seeds and a disjoint replication set, one committed record per
+seed (:mod:`modnets.experiments.core.evidence`). It resumes where it stopped: a seed with a
+record is not run again. Hours at ``cpu``; apart from ``make book``, which reads the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from modnets.experiments.core import evidence
+from modnets.experiments.core.discovery import get, list_experiments
+from modnets.experiments.core.options import RunOptions
+
+__all__ = ["main", "format_record"]
+
+
+def format_record(record: evidence.Record) -> str:
+    """A record as plain text: the plan, then each claim under both seed sets."""
+    plan = record.plan
+    needed = ", ".join(
+        f"{k} {v if v is not None else f'> {plan.cap}'}" for k, v in plan.needed.items()
+    )
+    lines = [
+        f"{plan.experiment} at {plan.profile}: n = {plan.n} seeds a set (pilot seeds "
+        f"{plan.pilot_seeds}; seeds needed at the pilot's spread: {needed or 'no paper number'})"
+    ]
+    if not record.complete:
+        left = {k: len(v) for k, v in record.missing.items() if v}
+        return "\n".join([*lines, f"  not complete: seeds left {left}"])
+    for a in record.agreements:
+        both = " / ".join(a.verdicts[s] for s in evidence.SETS)
+        note = f" ({a.note})" if a.note else ""
+        lines.append(f"  [{a.decided}] {a.id} ({a.kind}): {both}{note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    names = list_experiments()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=("smoke", "cpu", "gpu"), default="cpu")
+    parser.add_argument("--experiments", nargs="+", choices=names, default=names)
+    parser.add_argument("--records", type=Path, default=None, help="the records' folder")
+    parser.add_argument("--workers", type=int, default=None, help="processes within a seed")
+    parser.add_argument(
+        "--renew", action="store_true", help="measure again the seeds whose records are stale"
+    )
+    args = parser.parse_args(argv)
+    options = RunOptions(workers=args.workers)
+    for name in args.experiments:
+        experiment = get(name)
+        if args.renew:
+            for problem in evidence.problems([experiment], args.records):
+                Path(problem.split(":", 1)[0]).unlink()
+        try:
+            record = evidence.evidence(experiment, args.profile, options, root=args.records)
+        except KeyboardInterrupt:
+            sys.exit(
+                f"\nstopped: the seeds recorded so far are kept; run the same command to go on "
+                f"({evidence.record_folder(name, args.profile, args.records)})"
+            )
+        print(format_record(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

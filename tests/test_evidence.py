@@ -1,0 +1,135 @@
+"""Evidence runs (modnets.experiments.core.evidence): seeds measured one at a time combine into
+the results of one run of those seeds; the plan comes from the pilot by power; a stale or edited
+record is caught; the committed records stand."""
+
+import dataclasses
+import json
+
+import pytest
+from smoke_checks import DATA, missing_data, without_times
+
+from modnets.experiments.core import evidence
+from modnets.experiments.core.claims import seeds_needed
+from modnets.experiments.core.discovery import get, list_experiments
+from modnets.experiments.core.options import RunOptions
+from modnets.reproduce import format_record, main
+
+QUIET = RunOptions(show_progress=False, workers=1, device="cpu")
+
+
+def _without_provenance(results: dict) -> dict:
+    return without_times({k: v for k, v in results.items() if k != "provenance"})
+
+
+@pytest.mark.parametrize("name", sorted(DATA))
+@pytest.mark.long
+def test_seeds_measured_alone_combine_into_the_run_of_those_seeds(name):
+    """The whole smoke run, then each of its seeds measured alone (its models loaded from the
+    run's checkpoints) and combined: the same results, summaries and claims included, but for
+    the clock's readings."""
+    if missing_data(name):
+        pytest.skip(f"the {name} data is not here: {missing_data(name)}")
+    experiment = get(name)
+    whole = experiment.run(profile="smoke", options=QUIET)
+    records = [evidence.measure_seed(experiment, "smoke", s, QUIET) for s in whole["seeds"]]
+    combined = evidence.combine(experiment, records)
+    assert combined["seeds"] == whole["seeds"]
+    assert _without_provenance(combined) == _without_provenance(whole)
+
+
+def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_sets(tmp_path):
+    """A toy experiment through the whole evidence run: the plan (written before any claim seed
+    ran) takes the seeds the pilot's spread asks for; both sets are disjoint from each other and
+    from the pilot; every seed has its sealed record; the record decides each claim under both
+    sets; a second call measures nothing again."""
+    toy = get("fuzzy_boolean")
+    record = evidence.evidence(toy, "smoke", QUIET, root=tmp_path)
+    folder = evidence.record_folder(toy.name, "smoke", tmp_path)
+    plan = record.plan
+    assert json.loads((folder / "plan.json").read_text())["n"] == plan.n
+    assert evidence.MIN_SEEDS <= plan.n <= evidence.CAP
+    assert plan.seeds["claim"] == list(range(plan.n))
+    seeds = [*plan.pilot_seeds, *plan.seeds["claim"], *plan.seeds["replication"]]
+    assert len(set(seeds)) == len(seeds)
+    assert sorted(p.name for p in folder.glob("seed-*.json")) == sorted(
+        f"seed-{s}.json" for s in seeds
+    )
+    assert record.complete and {a.id for a in record.agreements} == set(toy.rules)
+    for name in evidence.SETS:
+        assert record.results[name]["seeds"] == plan.seeds[name]
+    mtimes = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
+    again = evidence.evidence(toy, "smoke", QUIET, root=tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == mtimes
+    assert again.agreements == record.agreements
+    assert "n = " in format_record(again)
+    assert evidence.problems([toy], tmp_path) == []
+
+    # an edited number breaks the seal; a record from other code is stale: both named, with the
+    # command that renews them
+    path = folder / f"seed-{plan.seeds['claim'][0]}.json"
+    data = json.loads(path.read_text())
+    data["models"]["pretrain"]["per_seed"][0]["mean_r2"] += 0.01
+    path.write_text(json.dumps(data))
+    other = folder / f"seed-{plan.seeds['replication'][0]}.json"
+    data = json.loads(other.read_text())
+    data["provenance"]["code_fingerprint"] = "0" * 16
+    data["seal"] = evidence._seal(data)
+    other.write_text(json.dumps(data))
+    found = evidence.problems([toy], tmp_path)
+    assert len(found) == 2 and all("--renew" in p for p in found)
+    assert any("seal" in p and path.name in p for p in found)
+    assert any("stale" in p and other.name in p for p in found)
+    with pytest.raises(ValueError, match="seal"):
+        evidence.load_record(toy, "smoke", tmp_path)
+    main(["--profile", "smoke", "--experiments", toy.name, "--records", str(tmp_path), "--renew"])
+    assert evidence.problems([toy], tmp_path) == []
+
+
+def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds():
+    """n is the largest number of seeds a paper claim needs at the pilot's spread, at least
+    MIN_SEEDS, at most CAP; a claim needing more is recorded as such, not counted."""
+    rule = get("fuzzy_boolean").rules["table1-type-beats-cls"]
+    effect = rule.paper_effect - rule.threshold
+
+    def pilot(sd):
+        values = [effect - sd, effect, effect + sd]
+        claim = {"id": rule.id, "kind": "paper", "test": ">", "values": values}
+        return {
+            "experiment": "fuzzy_boolean",
+            "profile": "cpu",
+            "seeds": [900, 901, 902],
+            "claims": [claim],
+            "provenance": {"code_fingerprint": ["abc"]},
+        }
+
+    assert evidence.plan_from_pilot(pilot(effect / 100)).n == evidence.MIN_SEEDS
+    needs = seeds_needed(effect, effect / 2)
+    assert evidence.MIN_SEEDS < needs <= evidence.CAP
+    assert evidence.plan_from_pilot(pilot(effect / 2)).n == needs
+    plan = evidence.plan_from_pilot(pilot(effect * 3))
+    assert plan.n == evidence.MIN_SEEDS and plan.needed[rule.id] > evidence.CAP
+    with pytest.raises(ValueError, match="share"):
+        dataclasses.replace(plan, seeds={"claim": [0, 1], "replication": [1, 2]})
+
+
+def test_the_build_check_flags_a_seed_outside_the_records_range():
+    """The build's check: a recomputed per-seed value inside the claim set's range widened by
+    its spread passes; one far outside it does not."""
+    plan = evidence.Plan(
+        "x", "cpu", [900], {}, 4, 12, {"claim": [0, 1], "replication": [5]}, "", ""
+    )
+    claim = {"id": "c", "values": [1.0, 2.0, 3.0, 2.0]}
+    record = evidence.Record(plan, {"claim": {"claims": [claim]}, "replication": None})
+    ok = {"seeds": [0], "claims": [{"id": "c", "values": [3.5]}]}
+    far = {"seeds": [1], "claims": [{"id": "c", "values": [9.0]}]}
+    (a,) = evidence.check_seed(None, record, ok)
+    (b,) = evidence.check_seed(None, record, far)
+    assert a.within and not b.within
+    with pytest.raises(ValueError, match="not a claim seed"):
+        evidence.check_seed(None, record, {"seeds": [5], "claims": []})
+
+
+def test_the_committed_records_stand():
+    """Every committed seed record is sealed and made with the code as it is now: a stale or
+    edited record fails here, naming the command that renews it."""
+    assert evidence.problems([get(n) for n in list_experiments()]) == []
