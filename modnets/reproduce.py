@@ -19,8 +19,9 @@ from modnets.experiments.core.options import RunOptions
 __all__ = ["main", "format_record"]
 
 
-def format_record(record: evidence.Record) -> str:
-    """A record as plain text: the plan, then each claim under both seed sets."""
+def format_record(record: evidence.Record, family: str) -> str:
+    """A record as plain text: the plan, then each claim under both seed sets (Holm over
+    ``family``: the record's own claims)."""
     plan = record.plan
     needed = ", ".join(
         f"{k} {v if v is not None else f'> {plan.cap}'}" for k, v in plan.needed.items()
@@ -32,7 +33,7 @@ def format_record(record: evidence.Record) -> str:
     if not record.complete:
         left = {k: len(v) for k, v in record.missing.items() if v}
         return "\n".join([*lines, f"  not complete: seeds left {left}"])
-    for a in record.agreements:
+    for a in evidence.agreements([record], family):
         both = " / ".join(a.verdicts[s] for s in evidence.SETS)
         note = f" ({a.note})" if a.note else ""
         lines.append(f"  [{a.decided}] {a.id} ({a.kind}): {both}{note}")
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"\nstopped: the seeds recorded so far are kept; run the same command to go on "
                 f"({evidence.record_folder(name, args.profile, args.records)})"
             )
-        print(format_record(record), flush=True)
+        print(format_record(record, experiment.paper or name), flush=True)
 
 
 if __name__ == "__main__":

@@ -54,14 +54,15 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert sorted(p.name for p in folder.glob("seed-*.json")) == sorted(
         f"seed-{s}.json" for s in seeds
     )
-    assert record.complete and {a.id for a in record.agreements} == set(toy.rules)
+    found = evidence.agreements([record], "NI")
+    assert record.complete and {a.id for a in found} == set(toy.rules)
     for name in evidence.SETS:
         assert record.results[name]["seeds"] == plan.seeds[name]
     mtimes = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
     again = evidence.evidence(toy, "smoke", QUIET, root=tmp_path)
     assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == mtimes
-    assert again.agreements == record.agreements
-    assert "n = " in format_record(again)
+    assert evidence.agreements([again], "NI") == found
+    assert "n = " in format_record(again, "NI")
     assert evidence.problems([toy], tmp_path) == []
 
     # an edited number breaks the seal; a record from other code is stale: both named, with the
@@ -112,21 +113,47 @@ def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds()
         dataclasses.replace(plan, seeds={"claim": [0, 1], "replication": [1, 2]})
 
 
+def _record(values: dict[str, list[float]], replication: dict | None = None, needed=None):
+    """A made-up complete record of claims ``{id: values over the claim seeds}``."""
+    from modnets.experiments.core.claims import decide_rule
+
+    rules = get("fuzzy_boolean").rules
+    n = len(next(iter(values.values())))
+    seeds = {"claim": list(range(n)), "replication": list(range(1000, 1000 + n))}
+    plan = evidence.Plan("fuzzy_boolean", "cpu", [900], needed or {}, n, 12, seeds, "", "")
+    sets = {"claim": values, "replication": replication or values}
+    results = {
+        k: {"claims": [decide_rule(i, v, rules=rules).as_dict() for i, v in c.items()]}
+        for k, c in sets.items()
+    }
+    return evidence.Record(plan, results, {"claim": [], "replication": []})
+
+
+def test_a_claim_is_decided_only_where_both_seed_sets_agree():
+    """Both sets reproduce: decided. One reproduces, the other not: undecided, saying so. A claim
+    needing more seeds than the cap: undecided, saying so, whatever the sets gave."""
+    up, down = [0.05, 0.06, 0.07, 0.055], [-0.05, -0.06, -0.07, -0.055]
+    cid = "table1-type-beats-cls"
+    (a,) = evidence.agreements([_record({cid: up})], "NI")
+    assert a.decided == "reproduced" and not a.note
+    (b,) = evidence.agreements([_record({cid: up}, {cid: down})], "NI")
+    assert b.verdicts == {"claim": "reproduced", "replication": "not reproduced"}
+    assert b.decided == "undecided" and "disagree" in b.note
+    (c,) = evidence.agreements([_record({cid: up}, needed={cid: 40})], "NI")
+    assert c.decided == "undecided" and "more than 12 seeds" in c.note
+
+
 def test_the_build_check_flags_a_seed_outside_the_records_range():
     """The build's check: a recomputed per-seed value inside the claim set's range widened by
-    its spread passes; one far outside it does not."""
-    plan = evidence.Plan(
-        "x", "cpu", [900], {}, 4, 12, {"claim": [0, 1], "replication": [5]}, "", ""
-    )
-    claim = {"id": "c", "values": [1.0, 2.0, 3.0, 2.0]}
-    record = evidence.Record(plan, {"claim": {"claims": [claim]}, "replication": None})
-    ok = {"seeds": [0], "claims": [{"id": "c", "values": [3.5]}]}
-    far = {"seeds": [1], "claims": [{"id": "c", "values": [9.0]}]}
-    (a,) = evidence.check_seed(None, record, ok)
-    (b,) = evidence.check_seed(None, record, far)
-    assert a.within and not b.within
-    with pytest.raises(ValueError, match="not a claim seed"):
-        evidence.check_seed(None, record, {"seeds": [5], "claims": []})
+    its spread passes; one far outside it does not; seeds that are not claim seeds are not
+    checked."""
+    cid = "table1-type-beats-cls"
+    record = _record({cid: [0.01, 0.02, 0.03, 0.02]})
+    build = {"seeds": [0, 1, 77], "claims": [{"id": cid, "values": [0.035, 0.5, 0.0]}]}
+    checks = evidence.check_against_record(record, build)
+    assert [(c.seed, c.within) for c in checks] == [(0, True), (1, False)]
+    with pytest.raises(ValueError, match="none of the seeds"):
+        evidence.check_against_record(record, {"seeds": [77], "claims": []})
 
 
 def test_the_committed_records_stand():

@@ -54,6 +54,7 @@ __all__ = [
     "Plan",
     "Agreement",
     "Record",
+    "agreements",
     "record_folder",
     "measure_seed",
     "combine",
@@ -62,7 +63,7 @@ __all__ = [
     "load_record",
     "problems",
     "SeedCheck",
-    "check_seed",
+    "check_against_record",
 ]
 
 #: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
@@ -108,8 +109,8 @@ class Plan:
 @dataclass(frozen=True)
 class Agreement:
     """One claim under both seed sets: ``decided`` is the verdict both gave (after Holm), or
-    ``"disagree"``; ``note`` says why a claim is not decided (a disagreement, or more seeds than
-    the plan's cap needed)."""
+    ``"undecided"``, with ``note`` saying why (the sets disagree, or the claim needs more seeds
+    than the plan's cap)."""
 
     id: str
     kind: str
@@ -120,13 +121,12 @@ class Agreement:
 
 @dataclass(frozen=True)
 class Record:
-    """An experiment's evidence: its :class:`Plan`, each set's results (the harness schema, as a
-    run of those seeds would give them) and each claim's :class:`Agreement`; ``missing``: the
-    seeds of each set with no record yet (then that set's results are ``None``)."""
+    """An experiment's evidence: its :class:`Plan` and each set's results (the harness schema, as
+    a run of those seeds would give them); ``missing``: the seeds of each set with no record yet
+    (then that set's results are ``None``). :func:`agreements` reads the claims of both sets."""
 
     plan: Plan
     results: dict[str, dict | None]
-    agreements: list[Agreement] = field(default_factory=list)
     missing: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -320,27 +320,30 @@ def evidence(
     return load_record(experiment, profile, root)
 
 
-def _agreements(results: dict[str, dict], plan: Plan) -> list[Agreement]:
-    by_set = {s: {c["id"]: c for c in results[s]["claims"]} for s in SETS}
+def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
+    """Each claim of ``records`` (complete ones; one paper's experiments, or one experiment of
+    our own) under both seed sets, Holm's correction taken over the paper claims of each set
+    together (one ``family``, as chapter 13 takes it)."""
+    from modnets.experiments.core.claims import Claim, holm
+
+    records = [r for r in records if r.complete]
+    by_set = {}
+    for name in SETS:
+        claims = [Claim(**c) for r in records for c in r.results[name]["claims"]]
+        by_set[name] = {c.id: c for c in holm(claims, family)}
+    needed = {k: v for r in records for k, v in r.plan.needed.items()}
+    caps = {c["id"]: r.plan.cap for r in records for c in r.results["claim"]["claims"]}
     out = []
     for cid, claim in by_set["claim"].items():
-        verdicts = {s: by_set[s][cid]["verdict_holm"] for s in SETS}
+        verdicts = {s: by_set[s][cid].verdict_holm for s in SETS}
         same = len(set(verdicts.values())) == 1
         note = ""
-        needed = plan.needed.get(cid, 0)
-        if needed is None or needed > plan.cap:
-            note = f"needs more than the cap of {plan.cap} seeds at the pilot's spread"
+        if cid in needed and (needed[cid] is None or needed[cid] > caps[cid]):
+            note = f"needs more than {caps[cid]} seeds at the pilot's spread"
         elif not same:
             note = "the two seed sets disagree"
-        out.append(
-            Agreement(
-                id=cid,
-                kind=claim["kind"],
-                verdicts=verdicts,
-                decided=verdicts["claim"] if same else "disagree",
-                note=note,
-            )
-        )
+        decided = verdicts["claim"] if same and not note else "undecided"
+        out.append(Agreement(cid, claim.kind, verdicts, decided, note))
     return out
 
 
@@ -360,8 +363,7 @@ def load_record(experiment: Experiment, profile: str, root: str | Path | None = 
         missing[name] = [s for s in seeds if not _seed_path(folder, s).exists()]
         records = [_load_seed(_seed_path(folder, s)) for s in seeds if s not in missing[name]]
         results[name] = None if missing[name] else combine(experiment, records)
-    agreements = _agreements(results, plan) if not any(missing.values()) else []
-    return Record(plan, results, agreements, missing)
+    return Record(plan, results, missing)
 
 
 def problems(experiments: Sequence[Experiment], root: str | Path | None = None) -> list[str]:
@@ -411,21 +413,22 @@ class SeedCheck:
         return self.low <= self.value <= self.high
 
 
-def check_seed(experiment: Experiment, record: Record, recomputed: dict) -> list[SeedCheck]:
-    """Each claim's value in ``recomputed`` (the results of a run at one seed of the record's
-    claim set) against the claim set's values in ``record``."""
-    if len(recomputed["seeds"]) != 1:
-        raise ValueError(f"recomputed must hold one seed, got {recomputed['seeds']}")
-    (seed,) = recomputed["seeds"]
-    if seed not in record.plan.seeds["claim"]:
-        raise ValueError(f"seed {seed} is not a claim seed of the record")
+def check_against_record(record: Record, results: dict) -> list[SeedCheck]:
+    """Each claim's value at each seed of ``results`` (a run of the book's build) that is a
+    claim seed of ``record``, against the claim set's values in the record."""
+    if record.results["claim"] is None:
+        raise ValueError(f"the record of {record.plan.experiment} is not complete")
+    ours = [s for s in results["seeds"] if s in record.plan.seeds["claim"]]
+    if not ours:
+        raise ValueError(f"none of the seeds {results['seeds']} is a claim seed of the record")
     reference = {c["id"]: c["values"] for c in record.results["claim"]["claims"]}
     out = []
-    for claim in recomputed["claims"]:
+    for claim in results["claims"]:
         values = reference.get(claim["id"]) or []
-        if not claim["values"] or len(values) < 2:
-            continue
-        s = seed_stats(values)
-        lo, hi = min(values) - s["sd"], max(values) + s["sd"]
-        out.append(SeedCheck(claim["id"], seed, claim["values"][0], lo, hi))
+        if len(claim["values"]) != len(results["seeds"]) or len(values) < 2:
+            continue  # not one value per seed (not tested here), or no spread to go by
+        spread = seed_stats(values)["sd"]
+        lo, hi = min(values) - spread, max(values) + spread
+        by_seed = dict(zip(results["seeds"], claim["values"], strict=True))
+        out += [SeedCheck(claim["id"], s, by_seed[s], lo, hi) for s in ours]
     return out
