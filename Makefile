@@ -38,10 +38,11 @@ unexport PYTHONDONTWRITEBYTECODE
 # torch loads, so the notebooks' kernels get it from here.
 export GOMP_SPINCOUNT ?= $(shell sed -n 's/^GOMP_SPINCOUNT = "\(.*\)"/\1/p' modnets/threads.py)
 
-.PHONY: help install book publish test unit nbval book-check lint format bench bench-gpu equations sync audit book-smoke shots clean
+.PHONY: help install book reproduce publish test unit nbval book-check lint format bench bench-gpu equations sync audit book-smoke shots clean
 
 help:
 	@echo "make book    build the book into _build/html (executes every notebook, cached)"
+	@echo "make reproduce  the evidence runs behind chapter 13 (hours; resumable; commit the records)"
 	@echo "make test    unit tests + the book executed at the smoke profile (a failing cell fails it), built -W, and audited"
 	@echo "make audit   audit the HTML of make book (what a reader sees); make shots: screenshots"
 	@echo "make lint    ruff check + ruff format --check"
@@ -76,6 +77,11 @@ install: $(STAMP)
 book: install
 	MODNETS_PROGRESS=0 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "Book: $(abspath _build/html/index.html)"
+
+# The evidence behind chapter 13's verdicts: hours at cpu, resumable (a seed with a record is
+# not run again); EXPERIMENTS='fuzzy_boolean digits' limits it.
+reproduce: install
+	$(PY) -m modnets.reproduce --profile $${MODNETS_PROFILE:-cpu} $(if $(EXPERIMENTS),--experiments $(EXPERIMENTS))
 
 # What a reader sees, checked without a browser: install cells, progress bars, warnings with
 # temporary paths, lines wider than the content column, citation keys in a table of contents.

@@ -160,6 +160,53 @@ for m in side_missing:
 report.claims_table(side, "ours")
 
 # %% [markdown]
+# ## Verdicts that replicate: the evidence records
+#
+# The tables above are this build's: a few seeds, trained while the book was made. Another
+# machine rounds differently, training takes another path, and a few seeds are another sample
+# each time, so a verdict from them may not come back. The evidence run
+# (`python -m modnets.reproduce`, hours, apart from the build) decides each claim the way a
+# verdict should be decided:
+#
+# 1. a pilot on three seeds that are never claim seeds measures the spread of each claim's
+#    tested quantity;
+# 2. from that spread, the number of seeds $n$ at which each paper claim would see the paper's
+#    effect with 80 % power; the plan takes the largest (at least 4, at most 12) and fixes it,
+#    with two disjoint sets of $n$ seeds, before either runs;
+# 3. every seed of both sets is measured and committed as one record, with the machine, the
+#    torch and the code it ran with;
+# 4. each set decides every claim as this chapter does (Holm over each paper's claims). **A
+#    claim counts as decided only where both sets give the same verdict.**
+#
+# Where the experiments stand:
+
+# %%
+records = report.evidence_records(PROFILE)
+display(Markdown(report.evidence_status(records, PROFILE)))
+
+# %% [markdown]
+# Each claim under both seed sets: *decided* is the verdict both gave; *undecided* says why (the
+# sets disagree, or the claim needs more seeds than the cap).
+
+# %%
+display(Markdown(report.evidence_sentence(records)))
+table = report.evidence_table(records)
+if table is not None:
+    display(table)
+
+# %% [markdown]
+# The build checks itself against the records: each claim's value at every claim seed this
+# build trained must lie within its record's range over the claim seeds, widened by their
+# spread (machines round differently, so the check is not to the bit). A value outside shows
+# here and fails `make audit`.
+
+# %%
+checks, sentence = report.record_checks(records, PROFILE)
+display(Markdown(sentence))
+if checks is not None:
+    display(checks)
+
+# %% [markdown]
 # ## The rule-change log
 #
 # Every rule above is pinned: a test compares each rule's fingerprint with the newest entry for it

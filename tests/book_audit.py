@@ -13,7 +13,9 @@ Each rule reads a page's code inputs, cell outputs and tables of contents with
 * ``pipe_table``: an output that prints a Markdown table as text (``|---|`` rows) instead of
   rendering it (``IPython.display.Markdown``);
 * ``six_digits``: a number an output prints with six decimals ending in zeros (``58.890000``,
-  pandas' default), where a reader wants it formatted.
+  pandas' default), where a reader wants it formatted;
+* ``record_mismatch``: an output saying a seed the build ran lies outside its evidence record
+  (chapter 13's check, :data:`modnets.experiments.core.report.RECORD_MISMATCH`).
 
 ``python tests/book_audit.py _build/html`` (``make audit``) audits a build and exits non-zero on
 any finding; ``tests/test_book_audit.py`` shows each rule failing on a small made-up page.
@@ -41,6 +43,7 @@ TEMP_WARNING = re.compile(
 INSTALL = re.compile(r"google\.colab|pip\W+install")
 PIPE_RULE = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$")
 SIX_DIGITS = re.compile(r"(?<![\w.])\d+\.\d{4}00(?![\w.])")
+RECORD_MISMATCH = "outside its evidence record"
 
 
 @dataclass
@@ -149,6 +152,8 @@ def audit_page(html: str, max_columns: int = MAX_COLUMNS) -> list[str]:
     for text in page.output_text:
         for number in SIX_DIGITS.findall(text):
             problems.append(f"six_digits: {number} in {text.strip()[:50]!r}")
+        if RECORD_MISMATCH in text:
+            problems.append(f"record_mismatch: {text.strip()[:80]!r}")
     return problems
 
 

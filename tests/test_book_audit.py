@@ -66,6 +66,7 @@ def test_a_clean_page_passes():
         (page(outputs=["| setting | ours |\n|---|---|\n| all | 0.99 |"]), "pipe_table"),
         (page(outputs=["paper: 58.890000"]), "six_digits"),
         (table_page("58.890000"), "six_digits"),
+        (table_page("outside its evidence record"), "record_mismatch"),
     ],
 )
 def test_each_rule_fails_on_a_page_that_breaks_it(html, rule):

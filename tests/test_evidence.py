@@ -123,7 +123,10 @@ def _record(values: dict[str, list[float]], replication: dict | None = None, nee
     plan = evidence.Plan("fuzzy_boolean", "cpu", [900], needed or {}, n, 12, seeds, "", "")
     sets = {"claim": values, "replication": replication or values}
     results = {
-        k: {"claims": [decide_rule(i, v, rules=rules).as_dict() for i, v in c.items()]}
+        k: {
+            "claims": [decide_rule(i, v, rules=rules).as_dict() for i, v in c.items()],
+            "provenance": {"cpu": ["a made-up CPU"], "torch": ["2.13.0"]},
+        }
         for k, c in sets.items()
     }
     return evidence.Record(plan, results, {"claim": [], "replication": []})
@@ -160,3 +163,34 @@ def test_the_committed_records_stand():
     """Every committed seed record is sealed and made with the code as it is now: a stale or
     edited record fails here, naming the command that renews it."""
     assert evidence.problems([get(n) for n in list_experiments()]) == []
+
+
+def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
+    tmp_path, monkeypatch
+):
+    """report.record_checks reads the build's results against the records; a value outside
+    the record's range is said with the words book_audit flags."""
+    import book_audit
+
+    from modnets.experiments.core import report, results
+
+    cid = "table1-type-beats-cls"
+    records = {"fuzzy_boolean": _record({cid: [0.01, 0.02, 0.03, 0.02]}), "digits": None}
+    build = {"seeds": [0, 1], "claims": [{"id": cid, "values": [0.02, 0.5]}]}
+    (tmp_path / "fuzzy_boolean_cpu.json").write_text("{}")
+    monkeypatch.setattr(results, "load_results", lambda path: build)
+    frame, sentence = report.record_checks(records, "cpu", tmp_path)
+    assert list(frame["check"]) == ["within", report.RECORD_MISMATCH]
+    assert sentence.startswith("1 of the 2") and report.RECORD_MISMATCH in sentence
+    assert book_audit.RECORD_MISMATCH == report.RECORD_MISMATCH
+    page = (
+        '<html><body><article><div class="cell_output docutils container"><div class="output '
+        f'text_html"><p>{sentence}</p></div></div></article></body></html>'
+    )
+    assert any(p.startswith("record_mismatch") for p in book_audit.audit_page(page))
+    status = report.evidence_status(records, "cpu")
+    assert "`digits`: no evidence record yet" in status and "4 seeds a set" in status
+    assert list(report.evidence_frame(records)["decided"]) == ["reproduced"]
+    assert report.evidence_sentence(records).startswith("Of the 1 paper claims")
+    assert "1 reproduced" in report.evidence_sentence(records)
+    assert report.evidence_sentence({"digits": None}).startswith("No experiment")

@@ -173,7 +173,8 @@ def measure_seed(experiment: Experiment, profile: str, seed: int, options: RunOp
 
     start = time.perf_counter()
     config = _configured(experiment, profile, [seed])
-    measured = experiment.measure(config, options)
+    workers = harness.workers_for(options.workers, profile, options.device)
+    measured = experiment.measure(config, dataclasses.replace(options, workers=workers))
     provenance = harness.provenance(start, experiment.code)
     provenance["cpu"] = _cpu_model()
     provenance["compiler"] = compiler_available(options.device)
