@@ -83,9 +83,12 @@ def forest(claims: list) -> None:
 # %% [markdown]
 # ## At a glance
 #
-# Each bar is one paper's claims, coloured by verdict after Holm's correction; a hatched part is
-# inconclusive because its test was underpowered (it could not have seen the paper's effect at
-# these seeds), the rest of the yellow could have. The sections below give each claim.
+# Each bar is one paper's claims, coloured by verdict after Holm's correction. A hatched part of
+# the yellow is inconclusive because its test was underpowered (it could not have seen the
+# paper's effect at these seeds); the rest of the yellow could have. A dotted part of the green
+# is reproduced in direction with an effect smaller than the paper's (its interval lies below
+# the paper's number), counted apart from a full reproduction. The sections below give each
+# claim.
 
 # %% tags=["hide-input"]
 everything = {

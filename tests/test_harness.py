@@ -592,12 +592,19 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
 
     matplotlib.use("Agg")
 
-    def claim(verdict, holm=None, reason="", kind="paper"):
-        return {"kind": kind, "verdict": verdict, "verdict_holm": holm or verdict, "reason": reason}
+    def claim(verdict, holm=None, reason="", kind="paper", vs="-"):
+        return {
+            "kind": kind,
+            "verdict": verdict,
+            "verdict_holm": holm or verdict,
+            "reason": reason,
+            "vs_paper": vs,
+        }
 
     claims = {
         "A": [
             claim("reproduced"),
+            claim("reproduced", vs="smaller than the paper's"),
             claim("reproduced", "inconclusive", "underpowered: ..."),
             claim("not reproduced"),
             claim("reproduced", kind="ours"),
@@ -610,8 +617,11 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
     for p in bars:
         row = round(p.get_y() + p.get_height() / 2)
         widths[row] = widths.get(row, 0) + p.get_width()
-    assert widths == {0: 3, 1: 1}  # paper claims only; the ours row is left out
-    assert sum(p.get_width() for p in bars if p.get_hatch()) == 1  # the underpowered one
+    assert widths == {0: 4, 1: 1}  # paper claims only; the ours row is left out
+    hatched = {p.get_hatch(): p.get_width() for p in bars if p.get_hatch()}
+    assert hatched == {"//": 1, "..": 1}  # the underpowered one; the smaller one
+    sentence = report.paper_sentence("A", claims["A"])
+    assert "2 of the 4 claims of A" in sentence and "(1 of them with an effect smaller" in sentence
 
 
 def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):

@@ -214,3 +214,18 @@ def test_declare_names_each_rule_with_its_experiment_and_refuses_a_clash():
     with pytest.raises(TypeError, match="Rule objects"):
         rl.declare("toy", [{"id": "x"}])
     rl.RULES.pop("toy-declared")
+
+
+def test_an_interval_excluding_the_papers_effect_says_so_before_any_lack_of_power():
+    """Inconclusive, underpowered by its mde, yet the interval lies wholly below the paper's
+    effect: the reason says "smaller than the paper's" first (it holds at any power)."""
+    values = [-0.6, 0.4, -0.5, 0.3, -0.1]
+    c = cl.decide_rule("up", values, rules=TOY)
+    assert c.verdict == "inconclusive" and c.interval[1] < 0.5 < c.mde
+    assert c.vs_paper == "smaller than the paper's"
+    assert "smaller than the paper's" in c.reason and "underpowered" not in c.reason
+
+
+def test_no_comparison_with_the_paper_without_a_spread():
+    c = cl.decide_rule("up", [0.25, 0.25, 0.25], rules=TOY)
+    assert c.verdict == "inconclusive" and c.vs_paper == "-"

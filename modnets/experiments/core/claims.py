@@ -11,9 +11,10 @@ into a :class:`Claim`:
   threshold (for an equivalence: the two one-sided tests (TOST) put the 90 % interval inside
   the margin);
 * ``not reproduced``   -- the interval lies wholly on the other side (outside the margin);
-* ``inconclusive``     -- neither; the ``reason`` says whether the test was *underpowered* (its
-  minimal detectable effect ``mde`` at 80 % power exceeds the paper's effect, with the number of
-  seeds that would do) or the effect is *smaller than the paper's*;
+* ``inconclusive``     -- neither; the ``reason`` says whether the effect is *smaller than the
+  paper's* (the interval excludes the paper's effect: said first, since it holds at any power),
+  or else whether the test was *underpowered* (its minimal detectable effect ``mde`` at 80 %
+  power exceeds the paper's effect, with the number of seeds that would do);
 * ``not testable here`` -- the setting lacks something the test needs (:func:`untestable`), or
   the models missed the regime the claim presupposes (:func:`outside_regime`).
 
@@ -278,7 +279,8 @@ def paper_distance(rule: Rule) -> float | None:
 
 
 def _vs_paper(rule: Rule, interval: list | None) -> str:
-    if rule.paper_effect is None or interval is None:
+    # a zero-width interval (the same value on every seed) says nothing about the paper's effect
+    if rule.paper_effect is None or interval is None or interval[0] == interval[1]:
         return "-"
     lo, hi = interval
     if rule.test == "equivalent":
@@ -296,14 +298,15 @@ def _why_inconclusive(rule: Rule, reason: str, *, mde, distance, needed, vs: str
     m = mde
     if distance is None or m is None:
         return reason
+    # an interval that already excludes the paper's effect decided that much, whatever the power
+    if vs == "smaller than the paper's":
+        return f"{reason}; the effect is smaller than the paper's (mde {_fmt(m, rule)})"
     if m > distance:
         more = f"{needed} seeds would" if needed else f"over {MAX_SEEDS} seeds would"
         return (
             f"underpowered: at n={n} the test detects {_fmt(m, rule)} or more, the "
             f"paper's effect is {_fmt(distance, rule)}; {more}"
         )
-    if vs == "smaller than the paper's":
-        return f"{reason}; the effect is smaller than the paper's (mde {_fmt(m, rule)})"
     return f"{reason}, though the test could see the paper's effect (mde {_fmt(m, rule)})"
 
 

@@ -214,14 +214,16 @@ def paper_sentence(paper: str, claims) -> str:
         return f"None of the {paper} claims could be tested here ({len(cs)} not testable)."
     holm_v = [c.get("verdict_holm") or c["verdict"] for c in tested]
     yes = sum(v == "reproduced" for v in holm_v)
+    smaller = sum(_part(c) == "smaller than the paper's" for c in tested)
     no = sum(v == "not reproduced" for v in holm_v)
     under = sum(
         c["verdict"] == "inconclusive" and c.get("reason", "").startswith("underpowered")
         for c in tested
     )
+    full = f" ({smaller} of them with an effect smaller than the paper's)" if smaller else ""
     parts = [
         f"{yes} of the {len(tested)} claims of {paper} tested here are reproduced after "
-        f"Holm's correction, {no} not reproduced"
+        f"Holm's correction{full}, {no} not reproduced"
     ]
     rest = len(tested) - yes - no
     if rest:
@@ -232,9 +234,25 @@ def paper_sentence(paper: str, claims) -> str:
     return ", ".join(parts) + "."
 
 
+#: The parts of a verdict's bar drawn hatched: inconclusive because underpowered, and
+#: reproduced with an interval below the paper's effect (counted apart from a full one).
+HATCHES = {"underpowered": "//", "smaller than the paper's": ".."}
+
+
+def _part(c: dict) -> str | None:
+    """Which hatched part of its verdict's bar claim ``c`` falls in (None: the plain part)."""
+    if c.get("reason", "").startswith("underpowered"):
+        return "underpowered"
+    verdict = c.get("verdict_holm") or c["verdict"]
+    if verdict == "reproduced" and c.get("vs_paper") == "smaller than the paper's":
+        return "smaller than the paper's"
+    return None
+
+
 def summary_plot(claims_by_paper: dict, ax=None):
-    """One bar per paper: how many of its paper claims got each Holm-adjusted verdict, and for
-    the inconclusive ones, how many were underpowered (hatched)."""
+    """One bar per paper: how many of its paper claims got each Holm-adjusted verdict; hatched,
+    the inconclusive ones that were underpowered and the reproduced ones whose effect is smaller
+    than the paper's."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -246,14 +264,15 @@ def summary_plot(claims_by_paper: dict, ax=None):
         left = 0
         for verdict in VERDICTS:
             chosen = [c for c in cs if (c.get("verdict_holm") or c["verdict"]) == verdict]
-            under = sum(c.get("reason", "").startswith("underpowered") for c in chosen)
-            for n, hatch in ((len(chosen) - under, None), (under, "//")):
+            for part in (None, *HATCHES):
+                n = sum(_part(c) == part for c in chosen)
                 if n:
+                    hatch = HATCHES.get(part)
                     style = dict(color=COLOURS[verdict], edgecolor="#555555", hatch=hatch)
                     ax.barh(row, n, left=left, lw=0.6, **style)
                     left += n
     handles = [Patch(fc=COLOURS[v], ec="#555555", label=v) for v in VERDICTS]
-    handles.append(Patch(fc="white", ec="#555555", hatch="//", label="underpowered"))
+    handles += [Patch(fc="white", ec="#555555", hatch=h, label=p) for p, h in HATCHES.items()]
     most = max(
         (
             len([c for c in _as_dicts(v) if c.get("kind") == "paper"])
@@ -265,7 +284,7 @@ def summary_plot(claims_by_paper: dict, ax=None):
     ax.set_ylim(len(papers) - 0.5, -0.5)
     ax.set_yticks(range(len(papers)), papers)
     ax.set_xlabel("paper claims (Holm-adjusted verdicts)")
-    ax.legend(handles=handles, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.legend(handles=handles, fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     return ax
 
 
