@@ -229,3 +229,32 @@ def test_an_interval_excluding_the_papers_effect_says_so_before_any_lack_of_powe
 def test_no_comparison_with_the_paper_without_a_spread():
     c = cl.decide_rule("up", [0.25, 0.25, 0.25], rules=TOY)
     assert c.verdict == "inconclusive" and c.vs_paper == "-"
+
+
+def test_a_claim_whose_mechanism_is_unused_is_not_testable_never_reproduced():
+    """Removing the part a claim is about must cost more than the intact model's seed spread;
+    where it does not, the claim is "not testable here: <part> unused", however clear its
+    interval; the other claims keep their verdicts."""
+    from modnets.experiments.core import harness
+    from modnets.experiments.core.mechanism import mechanism
+
+    intact = [0.40, 0.42, 0.38, 0.41]
+    unused = mechanism(
+        "the toy's edges", "removing every edge", ("up",), intact, [0.40, 0.41, 0.39, 0.40]
+    )
+    used = mechanism(
+        "the toy's modules", "dropping them", ("down",), intact, [0.1, 0.12, 0.09, 0.1]
+    )
+    assert not unused.used and used.used
+    reg = harness.regime("toy", {"top-1": (0.38, 0.1, ">=")}, mechanisms=[unused, used])
+    assert reg["reached"] and [m["used"] for m in reg["mechanisms"]] == [False, True]
+    up = cl.decide_rule("up", [0.5, 0.55, 0.6, 0.52], rules=TOY)
+    assert up.verdict == "reproduced"
+    gated = cl.outside_regime(up, reg)
+    assert gated.verdict == gated.verdict_holm == "not testable here"
+    assert gated.reason.startswith("the toy's edges unused: removing every edge costs only")
+    assert gated.values == up.values  # its numbers kept
+    down = cl.decide_rule("down", [0.0, 0.01, 0.02], rules=TOY)
+    assert cl.outside_regime(down, reg) == down
+    with pytest.raises(ValueError, match="one score per seed"):
+        mechanism("x", "y", (), [0.1, 0.2], [0.1])

@@ -54,7 +54,9 @@ def test_run_trains_checkpoints_and_reloads(env):
     # 10 processor modules in smoke, 2 of them read-in modules that are never dropped; fractions
     # are of the 8 mediators; 0.8 is always measured (the claims need it)
     assert [d["modules"] for d in run0["drop"]] == [10, 6, 4, 3]
-    assert [d["modules"] for d in run0["drop_random"]] == [10, 6, 4, 3]
+    # the random order also to 1 (all mediators but one: the modules' mechanism check)
+    assert [d["fraction"] for d in run0["drop_random"]] == [0.0, 0.5, 0.8, 0.9, 1.0]
+    assert [d["modules"] for d in run0["drop_random"]] == [10, 6, 4, 3, 3]
     assert len(run0["drop_random"][1]["draws"]) == TINY.random_draws
     assert [d["fraction"] for d in run0["edges"]] == [0.0, 0.9, 1.0]
     gflops = [s["gflops"] for s in run0["speed"]]
@@ -152,7 +154,8 @@ def test_checkpoint_that_does_not_fit_is_retrained_with_a_warning(env, monkeypat
 def fake_results(nac: dict, pio: dict, mean_p: float = 0.2) -> dict:
     """Made-up results: ``{key: [value per seed]}`` for the NAC and Perceiver IO; their drop
     curves at 0 %, 80 % and 90 % from ``top1``, ``top1_at80`` and ``top1_at90`` at the GFLOPs of
-    ``gflops`` (full, 80 %, 90 %)."""
+    ``gflops`` (full, 80 %, 90 %); the mechanism checks' points from ``top1_no_edges`` (every
+    edge removed) and ``top1_one_module`` (all modules but one; both default to chance)."""
 
     def runs(values):
         n = len(next(iter(values.values())))
@@ -167,6 +170,8 @@ def fake_results(nac: dict, pio: dict, mean_p: float = 0.2) -> dict:
                 {"fraction": f, "gflops": g, "samples_per_s": 1.0}
                 for f, g in zip((0.0, 0.8, 0.9), values["gflops"], strict=True)
             ]
+            r["edges"] = [{"fraction": 1.0, "top1": r.pop("top1_no_edges", 0.05)}]
+            r["drop_random"] = [{"fraction": 1.0, "top1": r.pop("top1_one_module", 0.05)}]
             out.append(r)
         return out
 
@@ -225,6 +230,13 @@ def test_claims_on_made_up_results_give_every_verdict():
     pio_shuffled["models"]["Perceiver IO"]["per_seed"].reverse()
     table1 = next(c for c in ti.claims(pio_shuffled) if c.id == "table1-nac-vs-pio")
     assert table1.values == pytest.approx([0.10, 0.09, 0.11])
+    # edges that carry nothing: removing them all costs less than the seed spread, so the edge
+    # claim is not testable (whatever its interval); the rest keep their verdicts
+    idle = {**nac, "top1_no_edges": [0.605, 0.61, 0.615]}
+    idle_claims = {c.id: c for c in ti.claims(fake_results(idle, pio))}
+    assert idle_claims["fig10-edges"].verdict == "not testable here"
+    assert idle_claims["fig10-edges"].reason.startswith("the NAC's edges unused")
+    assert idle_claims["table1-nac-vs-pio"].verdict == "reproduced"
     # a dense circuit is outside the paper's regime: nothing decided
     dense = {c.id: c for c in ti.claims(fake_results(nac, pio, mean_p=0.9))}
     assert dense["table1-nac-vs-pio"].verdict == "not testable here"

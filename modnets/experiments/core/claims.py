@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from modnets.experiments.core.mechanism import Mechanism
 from modnets.experiments.core.rules import Rule, get_rule
 from modnets.experiments.core.stats import seed_stats
 
@@ -345,15 +346,19 @@ def untestable(rule_id: str, reason: str, rules: dict | None = None) -> Claim:
 
 def outside_regime(claim: Claim, regime: dict) -> Claim:
     """``claim`` unchanged where the experiment's models reached the regime its claims presuppose
-    (``regime["reached"]``); otherwise ``not testable here`` with the measured shortfall, its
-    numbers kept."""
-    if regime["reached"]:
+    (``regime["reached"]``) and use the part it is about (``regime["mechanisms"]``,
+    :mod:`modnets.experiments.core.mechanism`); otherwise ``not testable here`` with the measured
+    shortfall, its numbers kept."""
+    unused = [m for m in regime.get("mechanisms", ()) if claim.id in m["claims"] and not m["used"]]
+    if regime["reached"] and not unused:
         return claim
+    if unused:
+        m = Mechanism(**{k: v for k, v in unused[0].items() if k != "used"})
+        reason = f"{m.name} unused: {m.describe()}"
+    else:
+        reason = f"outside the paper's regime: {regime['shortfall']}"
     return replace(
-        claim,
-        verdict="not testable here",
-        verdict_holm="not testable here",
-        reason=f"outside the paper's regime: {regime['shortfall']}",
+        claim, verdict="not testable here", verdict_holm="not testable here", reason=reason
     )
 
 

@@ -313,10 +313,14 @@ def check_results(results: dict) -> None:
             raise ValueError(f"claim {c['id']!r} has verdict {c['verdict']!r}; allowed {VERDICTS}")
 
 
-def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
+def regime(
+    required: str, checks: dict[str, tuple[float, float, str]], mechanisms: Sequence = ()
+) -> dict:
     """A results file's ``regime``: ``checks`` maps a name to ``(measured, bar, direction)``
     (``">="`` or ``"<="``), each measured value the worst over seeds; ``reached`` when every
-    check holds, ``shortfall`` naming those that do not."""
+    check holds, ``shortfall`` naming those that do not. ``mechanisms``: the
+    :class:`~modnets.experiments.core.mechanism.Mechanism` checks of the parts the claims are
+    about (a claim whose part is unused is not testable, whatever ``reached`` says)."""
     failed = []
     for name, (value, bar, direction) in checks.items():
         ok = value >= bar if direction == ">=" else value <= bar
@@ -328,6 +332,7 @@ def regime(required: str, checks: dict[str, tuple[float, float, str]]) -> dict:
         "reached": not failed,
         "shortfall": "; ".join(failed),
         "measured": measured,
+        "mechanisms": [m.as_dict() for m in mechanisms],
     }
 
 

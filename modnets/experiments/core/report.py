@@ -160,16 +160,25 @@ def verdict_counts(claims, kind: str | None = "paper") -> str:
 
 
 def regime_sentence(results: dict) -> str:
-    """What the claims presuppose of the trained models, and whether this run reached it."""
+    """What the claims presuppose of the trained models, whether this run reached it, and
+    whether the models use the parts the claims are about (mechanism checks)."""
+    from modnets.experiments.core.mechanism import Mechanism
+
     r = results["regime"]
     if not r:
         return "No regime declared."
     if r["reached"]:
-        return f"**Regime reached**: {r['required']}."
-    return (
-        f"**Regime not reached** ({r['required']}): {r['shortfall']}. Every claim of this "
-        "run is therefore `not testable here`; its numbers are shown all the same."
-    )
+        out = f"**Regime reached**: {r['required']}."
+    else:
+        out = (
+            f"**Regime not reached** ({r['required']}): {r['shortfall']}. Every claim of this "
+            "run is therefore `not testable here`; its numbers are shown all the same."
+        )
+    for m in r.get("mechanisms", ()):
+        mech = Mechanism(**{k: v for k, v in m.items() if k != "used"})
+        verdict = "used" if mech.used else "**unused**, so its claims are not testable here"
+        out += f" {mech.name[0].upper()}{mech.name[1:]}: {mech.describe()}: {verdict}."
+    return out
 
 
 def paper_scale_command(experiment: str) -> str:

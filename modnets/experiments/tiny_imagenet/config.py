@@ -20,6 +20,10 @@ CHAPTER = "10_tiny_imagenet_pruning"
 DROP_AT = 0.8  # the fraction of modules dropped that Figs. 5a, 5b and 15 are tested at
 
 EDGES_AT = 0.9  # the fraction of edges eliminated that Fig. 10 is tested at
+# whether the NAC uses its edges and its modules at all: every edge removed, all modules but one
+# dropped (modnets.pruning leaves one at a fraction of 1)
+ALL_EDGES = 1.0
+ALL_BUT_ONE = 1.0
 
 TRAIN_EVAL_BATCH = 256  # the batch of the per-epoch validation during training
 

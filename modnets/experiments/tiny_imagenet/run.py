@@ -30,6 +30,8 @@ from modnets.experiments.tiny_imagenet.claims import (
     dropping_matters,
 )
 from modnets.experiments.tiny_imagenet.config import (
+    ALL_BUT_ONE,
+    ALL_EDGES,
     DROP_AT,
     EDGES_AT,
     NAME,
@@ -125,12 +127,14 @@ def readings(
     orders = ("least", "random", "most") if kind == "nac" else ("random",)
     for order in orders:
         key = "drop" if order == orders[0] else f"drop_{order}"
+        # a NAC's random order also to all modules but one: whether it uses its modules at all
+        fr = sorted({*drop_fr, ALL_BUT_ONE}) if key == "drop_random" else drop_fr
         r[key] = drop_curve(
-            model, data, drop_fr, order=order, draws=config.random_draws, seed=seed, score=score
+            model, data, fr, order=order, draws=config.random_draws, seed=seed, score=score
         )
     if kind == "pio":
         return r, None
-    edge_fr = sorted({0.0, EDGES_AT, *config.edge_fractions})
+    edge_fr = sorted({0.0, EDGES_AT, ALL_EDGES, *config.edge_fractions})
     r["edges"] = edge_curve(model, data, edge_fr, score=score)
     full, e = point_at(r["drop"], 0.0)["top1"], point_at(r["edges"], EDGES_AT)["top1"]
     r["lost_edges90"], r["relative_lost_edges90"] = full - e, relative_loss(full, e)
@@ -145,7 +149,8 @@ def measure(config: TinyImageNetConfig, options: RunOptions) -> Measurement:
     ``models[name]["per_seed"]`` holds each seed's accuracy, history, drop / speed (/ edge)
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
     ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
-    The drop curves always include 0 and 0.8, the edge curves 0 and 0.9 (the claims need them).
+    The drop curves always include 0 and 0.8, the edge curves 0, 0.9 and 1 (the claims and their
+    mechanism checks need them), a NAC's random drop curve 1 (all modules but one).
     The models train in ``options.workers`` processes, each model's :func:`readings` taken where
     it trained; the throughput is timed in this process alone.
     """
