@@ -49,7 +49,7 @@ if "google.colab" in sys.modules:
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from modnets.experiments.core import report
+from modnets.experiments.core import evidence_report, report
 from modnets.profiles import get_profile
 
 PROFILE = get_profile()
@@ -184,16 +184,16 @@ report.claims_table(side, "ours")
 # Where the experiments stand:
 
 # %%
-records = report.evidence_records(PROFILE)
-display(Markdown(report.evidence_status(records, PROFILE)))
+records = evidence_report.evidence_records(PROFILE)
+display(Markdown(evidence_report.evidence_status(records, PROFILE)))
 
 # %% [markdown]
 # Each claim under both seed sets: *decided* is the verdict both gave; *undecided* says why (the
 # sets disagree, or the claim needs more seeds than the cap).
 
 # %%
-display(Markdown(report.evidence_sentence(records)))
-table = report.evidence_table(records)
+display(Markdown(evidence_report.evidence_sentence(records)))
+table = evidence_report.evidence_table(records)
 if table is not None:
     display(table)
 
@@ -204,7 +204,7 @@ if table is not None:
 # here and fails `make audit`.
 
 # %%
-checks, sentence = report.record_checks(records, PROFILE)
+checks, sentence = evidence_report.record_checks(records, PROFILE)
 display(Markdown(sentence))
 if checks is not None:
     display(checks)

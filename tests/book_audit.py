@@ -15,7 +15,7 @@ Each rule reads a page's code inputs, cell outputs and tables of contents with
 * ``six_digits``: a number an output prints with six decimals ending in zeros (``58.890000``,
   pandas' default), where a reader wants it formatted;
 * ``record_mismatch``: an output saying a seed the build ran lies outside its evidence record
-  (chapter 13's check, :data:`modnets.experiments.core.report.RECORD_MISMATCH`).
+  (chapter 13's check, :data:`modnets.experiments.core.evidence_report.RECORD_MISMATCH`).
 
 ``python tests/book_audit.py _build/html`` (``make audit``) audits a build and exits non-zero on
 any finding; ``tests/test_book_audit.py`` shows each rule failing on a small made-up page.

@@ -172,7 +172,8 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     the record's range is said with the words book_audit flags."""
     import book_audit
 
-    from modnets.experiments.core import report, results
+    from modnets.experiments.core import evidence_report as report
+    from modnets.experiments.core import results
 
     cid = "table1-type-beats-cls"
     records = {"fuzzy_boolean": _record({cid: [0.01, 0.02, 0.03, 0.02]}), "digits": None}

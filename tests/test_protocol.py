@@ -237,9 +237,9 @@ def test_run_options_are_checked_before_any_work():
 
 def test_the_shared_run_ends_with_regime_then_claims_from_what_was_measured():
     """``run`` hands ``measure`` the resolved options (the device and the workers set) and builds
-    the results from what it returns: the regime is computed before the claims, which read it,
-    and both read the results as the file will hold them (string keys, lists), so a results
-    file decides the claims as the run did."""
+    the results from what it returns: the summaries, then the regime, then the claims, which read
+    it, all reading the results as the file will hold them (string keys, lists), so a results
+    file, or seed records combined, decide the claims as the run did."""
     fuzzy = get("fuzzy_boolean")
     seen = {}
     models = {"m": {"per_seed": [{"by_count": {3: 0.5}, "sizes": (1, 2)}]}}
@@ -247,6 +247,10 @@ def test_the_shared_run_ends_with_regime_then_claims_from_what_was_measured():
     def measure(config, options):
         seen["options"] = options
         return Measurement(models, {"d": 1}, config, config.selection_seeds)
+
+    def summarise(config, models, diagnostics):
+        seen["summarised"] = models["m"]["per_seed"][0]
+        return {**models, "m": {**models["m"], "n": 1}}, diagnostics
 
     def regime(results):
         seen["regime_reads"] = sorted(results)
@@ -259,13 +263,17 @@ def test_the_shared_run_ends_with_regime_then_claims_from_what_was_measured():
 
     import dataclasses
 
-    toy = dataclasses.replace(fuzzy, measure=measure, regime=regime, claims=claims)
+    toy = dataclasses.replace(
+        fuzzy, measure=measure, summarise=summarise, regime=regime, claims=claims
+    )
     results = toy.run(profile="smoke", workers=1, show_progress=False)
     assert seen["options"].workers == 1 and seen["options"].show_progress is False
     assert seen["options"].device is not None  # resolved before measure
     assert seen["regime_reads"] == ["config", "diagnostics", "models"]
     assert seen["claims_read"] == "r"
     assert seen["row"] == {"by_count": {"3": 0.5}, "sizes": [1, 2]}  # as json.loads gives it
+    assert seen["summarised"] == seen["row"]  # the summaries too, before the regime
+    assert results["models"]["m"]["n"] == 1
     assert results["models"]["m"]["per_seed"][0] == seen["row"] and results["diagnostics"] == {
         "d": 1
     }

@@ -282,7 +282,7 @@ def plan_from_pilot(pilot: dict, *, cap: int = CAP, min_seeds: int = MIN_SEEDS) 
 # ----------------------------------------------------------------------------- the run
 
 
-def _ensure(experiment, profile, seeds, folder, options, desc) -> list[dict]:
+def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
     todo = [s for s in seeds if not _seed_path(folder, s).exists()]
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
@@ -309,15 +309,17 @@ def evidence(
     folder = record_folder(experiment.name, profile, root)
     plan_path = folder / "plan.json"
     if not plan_path.exists():
-        pilot = combine(
-            experiment, _ensure(experiment, profile, PILOT_SEEDS, folder, options, "pilot")
+        pilots = _ensure(
+            experiment, profile, PILOT_SEEDS, folder=folder, options=options, desc="pilot"
         )
+        pilot = combine(experiment, pilots)
         plan = plan_from_pilot(pilot)
         with atomic_file(plan_path) as tmp:
             tmp.write_text(json.dumps(dataclasses.asdict(plan), indent=1) + "\n")
     plan = Plan(**json.loads(plan_path.read_text()))
     for name in SETS:
-        _ensure(experiment, profile, plan.seeds[name], folder, options, f"{name} seeds")
+        seeds = plan.seeds[name]
+        _ensure(experiment, profile, seeds, folder=folder, options=options, desc=f"{name} seeds")
     return load_record(experiment, profile, root)
 
 

@@ -20,6 +20,8 @@ KINDS = ("ni", "vit", "vit_small")
 MODEL_NAMES = {"ni": "NI", "vit": "ViT", "vit_small": "ViT (parameter-matched)"}
 
 DATASET_NAMES = {"mnist": "MNIST", "mnist_m": "MNIST-M", "svhn": "SVHN", "kmnist": "K-MNIST"}
+#: NI §4.2's pretraining datasets (SVHN is not available offline: a profile leaves it out).
+PRETRAINING = ("svhn", "mnist_m", "mnist")
 
 #: What NI §4.2 reports for the claims tested here. Figs. 5 and 8 are plots without tables: the
 #: paper's side of each claim is the qualitative statement read from the figure.
@@ -85,7 +87,7 @@ class DigitsTrain:
     """Everything that determines the pretrained models (hashed whole into the checkpoint key).
     The gpu profile follows NI §4.2 and the public digits preset (NI lr 1e-3, ViT lr 5e-4)."""
 
-    datasets: tuple[str, ...] = ("svhn", "mnist_m", "mnist")
+    datasets: tuple[str, ...] = PRETRAINING
     train_per_dataset: int | None = None  # cap on training images per dataset (None: all)
     val_per_dataset: int = 5000
     mnist_m_val_fraction: float = 0.2  # used when MNIST-M has only its test split
