@@ -170,6 +170,7 @@ def fake_results(nac: dict, pio: dict, mean_p: float = 0.2) -> dict:
                 {"fraction": f, "gflops": g, "samples_per_s": 1.0}
                 for f, g in zip((0.0, 0.8, 0.9), values["gflops"], strict=True)
             ]
+            r["history"] = {"val_top1": [r["top1"] - 0.005, r["top1"]]}  # converged
             r["edges"] = [{"fraction": 1.0, "top1": r.pop("top1_no_edges", 0.05)}]
             r["drop_random"] = [{"fraction": 1.0, "top1": r.pop("top1_one_module", 0.05)}]
             out.append(r)
@@ -237,6 +238,12 @@ def test_claims_on_made_up_results_give_every_verdict():
     assert idle_claims["fig10-edges"].verdict == "not testable here"
     assert idle_claims["fig10-edges"].reason.startswith("the NAC's edges unused")
     assert idle_claims["table1-nac-vs-pio"].verdict == "reproduced"
+    # still learning (5 points in the last epoch): not trained to convergence, nothing decided
+    learning = fake_results(nac, pio)
+    learning["models"]["Perceiver IO"]["per_seed"][1]["history"]["val_top1"] = [0.45, 0.5]
+    still = {c.id: c for c in ti.claims(learning)}
+    assert still["table1-nac-vs-pio"].verdict == "not testable here"
+    assert "gained in the last epoch" in still["table1-nac-vs-pio"].reason
     # a dense circuit is outside the paper's regime: nothing decided
     dense = {c.id: c for c in ti.claims(fake_results(nac, pio, mean_p=0.9))}
     assert dense["table1-nac-vs-pio"].verdict == "not testable here"

@@ -42,11 +42,13 @@ from modnets.experiments.tiny_imagenet.analysis import (
 )
 from modnets.experiments.tiny_imagenet.claims import (
     REGIME_CHANCE_MULTIPLE,
+    REGIME_LAST_GAIN,
     REGIME_MEAN_P,
     at_flops,
     claims,
     dropping_matters,
     format_summary,
+    last_gain,
     matched_flops,
     regime,
 )
@@ -110,6 +112,7 @@ __all__ = [
     "NAME",
     "PAPER",
     "REGIME_CHANCE_MULTIPLE",
+    "REGIME_LAST_GAIN",
     "REGIME_MEAN_P",
     "REGISTERED",
     "RULES",
@@ -130,6 +133,7 @@ __all__ = [
     "evaluate_tokens",
     "fit_to_gpu",
     "format_summary",
+    "last_gain",
     "gflops_per_sample",
     "graph_penalty",
     "load_data",
