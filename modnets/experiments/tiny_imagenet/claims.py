@@ -60,10 +60,10 @@ REGIME_LAST_GAIN = 0.01
 
 
 def last_gain(run: dict) -> float:
-    """Validation top-1 gained in a seed's last epoch of training (NaN with a single epoch:
+    """Validation top-1 gained in a seed's last epoch of training (infinite with a single epoch:
     convergence is not seen)."""
     top1 = run["history"].get("val_top1", [])
-    return top1[-1] - top1[-2] if len(top1) > 1 else float("nan")
+    return top1[-1] - top1[-2] if len(top1) > 1 else float("inf")
 
 
 #: The claims about the circuit's edges, and those about dropping its modules: not testable
