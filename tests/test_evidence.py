@@ -85,6 +85,17 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     main(["--profile", "smoke", "--experiments", toy.name, "--records", str(tmp_path), "--renew"])
     assert evidence.problems([toy], tmp_path) == []
 
+    # a chapter shows the complete record's claim seeds and trains the first again, checked
+    book = evidence.book_results(toy, "smoke", QUIET, root=tmp_path)
+    assert book.recorded and book.results["seeds"] == plan.seeds["claim"]
+    assert book.build["seeds"] == plan.seeds["claim"][:1]
+    assert book.checks and all(c.within and c.seed == 0 for c in book.checks)
+    assert "results of the evidence record" in book.sentence()
+    assert evidence.RECORD_MISMATCH not in book.sentence()
+    bare = evidence.book_results(toy, "smoke", QUIET, root=tmp_path / "none")
+    assert not bare.recorded and bare.results is bare.build and not bare.checks
+    assert bare.sentence().startswith("No complete evidence record")
+
 
 def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds():
     """n is the largest number of seeds a paper claim needs at the pilot's spread, at least

@@ -64,6 +64,9 @@ __all__ = [
     "problems",
     "SeedCheck",
     "check_against_record",
+    "RECORD_MISMATCH",
+    "BookResults",
+    "book_results",
 ]
 
 #: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
@@ -78,6 +81,9 @@ CAP = 12
 REPLICATION_START = 1000
 #: The two seed sets of a plan.
 SETS = ("claim", "replication")
+#: What a page says where a seed the build ran lies outside its evidence record (``make audit``
+#: fails on it).
+RECORD_MISMATCH = "outside its evidence record"
 
 
 @dataclass(frozen=True)
@@ -435,3 +441,69 @@ def check_against_record(record: Record, results: dict) -> list[SeedCheck]:
         by_seed = dict(zip(results["seeds"], claim["values"], strict=True))
         out += [SeedCheck(claim["id"], s, by_seed[s], lo, hi) for s in ours]
     return out
+
+
+# ----------------------------------------------------------------------------- what a chapter shows
+
+
+@dataclass(frozen=True)
+class BookResults:
+    """What a chapter shows: ``results``, the claim set of the experiment's evidence record where
+    it has a complete one (``recorded``), else this build's run; ``build``, this build's run
+    (the record's first claim seeds recomputed, or every configured seed); ``checks``, the
+    build's claim values against the record."""
+
+    results: dict
+    recorded: bool
+    build: dict
+    checks: list[SeedCheck] = field(default_factory=list)
+
+    def sentence(self) -> str:
+        """Where the chapter's numbers come from, and whether this build agrees with them."""
+        seeds = self.results["seeds"]
+        if not self.recorded:
+            return (
+                f"No complete evidence record at this profile yet: these are this build's "
+                f"{len(seeds)} seeds ({seeds}); chapter 13 says how a record is made."
+            )
+        prov = self.results["provenance"]
+        bad = [c for c in self.checks if not c.within]
+        agree = (
+            f"{len(self.checks) - len(bad)} of its {len(self.checks)} claim values lie within "
+            "the record's range over the claim seeds, widened by their spread"
+        )
+        if bad:
+            agree += f"; {len(bad)} lie {RECORD_MISMATCH} ({', '.join(c.id for c in bad)})"
+        return (
+            f"These are the results of the evidence record: {len(seeds)} claim seeds "
+            f"({seeds[0]}..{seeds[-1]}, their number chosen by power), recorded on "
+            f"{', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}; chapter 13 sets "
+            f"them beside a replication on as many other seeds. This build trained seed "
+            f"{', '.join(map(str, self.build['seeds']))} again: {agree}."
+        )
+
+
+def book_results(
+    experiment: Experiment,
+    profile: str,
+    options: RunOptions | None = None,
+    *,
+    root: str | Path | None = None,
+    check_seeds: int = 1,
+    **flags,
+) -> BookResults:
+    """What ``experiment``'s chapter shows at ``profile``: its record's claim set, with its first
+    ``check_seeds`` claim seeds trained again here and checked against it, where the record is
+    complete; else a run of the configured seeds."""
+    options = resolved(options, flags)
+    try:
+        record = load_record(experiment, profile, root)
+    except FileNotFoundError:
+        record = None
+    if record is None or not record.complete:
+        results = experiment.run(profile=profile, options=options)
+        return BookResults(results, False, results)
+    config = _configured(experiment, profile, record.plan.seeds["claim"][:check_seeds])
+    build = experiment.run(config, profile, options)
+    recorded = record.results["claim"]
+    return BookResults(recorded, True, build, check_against_record(record, build))

@@ -8,6 +8,7 @@ Nothing here decides anything: :mod:`modnets.experiments.core.evidence` reads th
 from __future__ import annotations
 
 from modnets.experiments.core.discovery import get, list_experiments
+from modnets.experiments.core.evidence import RECORD_MISMATCH
 from modnets.experiments.core.report import COLOURS, own_experiments, papers
 
 __all__ = [
@@ -18,11 +19,8 @@ __all__ = [
     "evidence_sentence",
     "evidence_table",
     "record_checks",
+    "build_path",
 ]
-
-#: What a page says where a seed the build ran lies outside its evidence record (``make audit``
-#: fails on it).
-RECORD_MISMATCH = "outside its evidence record"
 
 
 def evidence_records(profile: str, root=None) -> dict:
@@ -114,6 +112,13 @@ def evidence_table(records: dict):
     return frame.style.hide(axis="index").map(colour, subset=subset)
 
 
+def build_path(experiment: str, profile: str, folder="_build/results"):
+    """Where a chapter that shows its evidence record keeps the seeds it trained again."""
+    from modnets.experiments.core.results import results_path
+
+    return results_path(f"{experiment}_build", profile, folder)
+
+
 def record_checks(records: dict, profile: str, folder="_build/results") -> tuple:
     """``(frame, sentence)``: each claim's value at each claim seed this build ran (the chapters'
     results files) against its experiment's record: inside the record's range over its claim
@@ -126,7 +131,9 @@ def record_checks(records: dict, profile: str, folder="_build/results") -> tuple
 
     rows = []
     for name, record in records.items():
-        path = results_path(name, profile, folder)
+        path = build_path(name, profile, folder)  # the seeds its chapter trained again
+        if not path.exists():
+            path = results_path(name, profile, folder)
         if record is None or not record.complete or not path.exists():
             continue
         results = load_results(path)
