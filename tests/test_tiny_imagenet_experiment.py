@@ -205,6 +205,7 @@ def test_claims_on_made_up_results_give_every_verdict():
         "table1-nac-vs-pio": "reproduced",  # NAC above PIO at every seed
         "fig15-flops": "reproduced",  # at 1/5 of the NAC's FLOPs (0.2) PIO lost ~6 pts more
         "fig5a-drop80": "reproduced",  # about 1 % relative loss
+        "fig5a-above-pio": "reproduced",  # 80 % dropped, still ~9 points above PIO in full
         "fig10-edges": "inconclusive",  # straddles 3 %
         "fig5b-speedup": "not testable here",  # the FLOP cut at 80 % is only 3.3x
         "priors-differ": "not testable here",  # one prior

@@ -71,6 +71,7 @@ def last_gain(run: dict) -> float:
 ABOUT_EDGES = ("fig10-edges",)
 ABOUT_MODULES = (
     "fig5a-drop80",
+    "fig5a-above-pio",
     "fig15-flops",
     "priors-differ",
     "ours-least-vs-random",
@@ -167,6 +168,11 @@ def claims(results: dict) -> list:
             ("Perceiver IO lost", f"NAC lost (at 1/{cut:.1f} of the NAC's FLOPs)"),
         ),
         decide_rule("fig5a-drop80", per_seed(nac, "relative_lost_at80")),
+        paired(
+            "fig5a-above-pio",
+            *_paired(nac, pio, "top1_at80", "top1"),
+            ("NAC, 80 % dropped", "Perceiver IO, full"),
+        ),
         decide_rule("fig10-edges", per_seed(nac, "relative_lost_edges90")),
     ]
     flop_cut = float(

@@ -52,6 +52,21 @@ RULES = declare(
             **PERCENT,
         ),
         Rule(
+            id="fig5a-above-pio",
+            kind="paper",
+            text="The NAC 'can drop over 80% of its circuits before its performance drops below "
+            "Perceiver IO'",
+            source="NAC Fig. 5 caption",
+            paper="the NAC's curve above Perceiver IO's full accuracy past 80 % dropped (figure)",
+            quantity="NAC top-1 with 80 % of modules dropped (least connected first) − Perceiver "
+            "IO's full top-1",
+            test=">",
+            threshold=0.0,
+            paper_effect=None,
+            basis=FIGURE + "above, by no number the caption gives",
+            **POINTS,
+        ),
+        Rule(
             id="fig10-edges",
             kind="paper",
             text="'≈ 90% of connections can be disallowed without incurring a significant loss'",
