@@ -19,9 +19,10 @@ from modnets.experiments.core.options import RunOptions
 __all__ = ["main", "format_record"]
 
 
-def format_record(record: evidence.Record, family: str) -> str:
-    """A record as plain text: the plan, then each claim under both seed sets (Holm over
-    ``family``: the record's own claims)."""
+def format_record(record: evidence.Record, others: list[evidence.Record] = ()) -> str:
+    """A record as plain text: the plan, then each of its claims under both seed sets, Holm's
+    correction taken over its paper's claims in ``record`` and the complete ``others`` (the
+    records of the paper's other experiments)."""
     plan = record.plan
     needed = ", ".join(
         f"{k} {v if v is not None else f'> {plan.cap}'}" for k, v in plan.needed.items()
@@ -33,11 +34,28 @@ def format_record(record: evidence.Record, family: str) -> str:
     if not record.complete:
         left = {k: len(v) for k, v in record.missing.items() if v}
         return "\n".join([*lines, f"  not complete: seeds left {left}"])
-    for a in evidence.agreements([record], family):
-        both = " / ".join(a.verdicts[s] for s in evidence.SETS)
-        note = f" ({a.note})" if a.note else ""
-        lines.append(f"  [{a.decided}] {a.id} ({a.kind}): {both}{note}")
+    ids = {c["id"] for c in record.results["claim"]["claims"]}
+    family = get(plan.experiment).paper or plan.experiment
+    for a in evidence.agreements([record, *others], family):
+        if a.id in ids:
+            both = " / ".join(a.verdicts[s] for s in evidence.SETS)
+            note = f" ({a.note})" if a.note else ""
+            lines.append(f"  [{a.decided}] {a.id} ({a.kind}): {both}{note}")
     return "\n".join(lines)
+
+
+def _paper_records(experiment, profile: str, root) -> list[evidence.Record]:
+    """The complete records of the other experiments that test ``experiment``'s paper."""
+    out = []
+    for name in list_experiments():
+        other = get(name)
+        if name == experiment.name or not experiment.paper or other.paper != experiment.paper:
+            continue
+        try:
+            out.append(evidence.load_record(other, profile, root))
+        except FileNotFoundError:
+            continue
+    return [r for r in out if r.complete]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         experiment = get(name)
         if args.renew:
             for problem in evidence.problems([experiment], args.records):
-                Path(problem.split(":", 1)[0]).unlink()
+                problem.path.unlink()
         try:
             record = evidence.evidence(experiment, args.profile, options, root=args.records)
         except KeyboardInterrupt:
@@ -64,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"\nstopped: the seeds recorded so far are kept; run the same command to go on "
                 f"({evidence.record_folder(name, args.profile, args.records)})"
             )
-        print(format_record(record, experiment.paper or name), flush=True)
+        others = _paper_records(experiment, args.profile, args.records)
+        print(format_record(record, others), flush=True)
 
 
 if __name__ == "__main__":

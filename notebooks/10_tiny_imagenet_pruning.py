@@ -257,8 +257,10 @@ lines = [
 ]
 for name, key, how, style in lines:
     acc = curve(models[name], key)
+    # each curve at its own fractions (the random order also at 100 %: all but one module)
+    xs = [100 * d["fraction"] for d in models[name]["per_seed"][0][key]]
     ax.errorbar(
-        x,
+        xs,
         100 * acc.mean(0),
         100 * acc.std(0, ddof=1) if len(acc) > 1 else None,
         fmt=style,

@@ -61,6 +61,7 @@ __all__ = [
     "plan_from_pilot",
     "evidence",
     "load_record",
+    "Problem",
     "problems",
     "SeedCheck",
     "check_against_record",
@@ -375,10 +376,23 @@ def load_record(experiment: Experiment, profile: str, root: str | Path | None = 
     return Record(plan, results, missing)
 
 
-def problems(experiments: Sequence[Experiment], root: str | Path | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Problem:
+    """A seed record that does not stand: ``path``, ``reason`` and the ``command`` that renews
+    it."""
+
+    path: Path
+    reason: str
+    command: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}; renew it: {self.command}"
+
+
+def problems(experiments: Sequence[Experiment], root: str | Path | None = None) -> list[Problem]:
     """What is wrong with the committed records of ``experiments`` (every profile): a seed
-    record edited after it was made, or made with code that is not the code any more (stale);
-    each with the command that renews it. Empty: every record stands."""
+    record edited after it was made, or made with code that is not the code any more (stale).
+    Empty: every record stands."""
     out = []
     for experiment in experiments:
         current = code_fingerprint(*experiment.code) if experiment.code else None
@@ -390,15 +404,14 @@ def problems(experiments: Sequence[Experiment], root: str | Path | None = None) 
             for seed_file in sorted(path.glob("seed-*.json")):
                 try:
                     record = _load_seed(seed_file)
-                except ValueError as err:
-                    out.append(f"{err}; renew it: {renew}")
+                except ValueError:
+                    reason = "its content does not match its seal (edited after it was made)"
+                    out.append(Problem(seed_file, reason, renew))
                     continue
                 made = record["provenance"]["code_fingerprint"]
                 if current is not None and made != current:
-                    out.append(
-                        f"{seed_file}: made with code {made}, the code is now {current} "
-                        f"(stale); renew it: {renew}"
-                    )
+                    reason = f"made with code {made}, the code is now {current} (stale)"
+                    out.append(Problem(seed_file, reason, renew))
     return out
 
 
