@@ -39,6 +39,19 @@ TOY = {
         paper_effect=0.0,
         basis="§4 text",
     ),
+    "differ": rl.Rule(
+        id="differ",
+        experiment="toy",
+        kind="paper",
+        text="A and B differ",
+        source="Fig. 1",
+        paper="apart",
+        quantity="A − B",
+        test="!=",
+        threshold=0.0,
+        paper_effect=0.5,
+        basis="Fig. 1",
+    ),
     "down": rl.Rule(
         id="down",
         experiment="toy",
@@ -258,3 +271,19 @@ def test_a_claim_whose_mechanism_is_unused_is_not_testable_never_reproduced():
     assert cl.outside_regime(down, reg) == down
     with pytest.raises(ValueError, match="one score per seed"):
         mechanism("x", "y", (), [0.1, 0.2], [0.1])
+
+
+def test_a_difference_of_either_sign_is_reproduced_by_an_interval_on_either_side():
+    """``!=``: an interval wholly above or wholly below the threshold reproduces it; one that
+    spans it is inconclusive (no interval shows there is no difference); the paper's effect is a
+    size, compared whatever the sign."""
+    up = cl.decide_rule("differ", [0.5, 0.55, 0.6, 0.52], rules=TOY)
+    down = cl.decide_rule("differ", [-0.5, -0.55, -0.6, -0.52], rules=TOY)
+    assert up.verdict == down.verdict == "reproduced"
+    assert up.p_value == pytest.approx(down.p_value)
+    assert up.vs_paper == down.vs_paper == "consistent with the paper's"
+    small = cl.decide_rule("differ", [-0.1, -0.12, -0.11, -0.13], rules=TOY)
+    assert small.verdict == "reproduced" and small.vs_paper == "smaller than the paper's"
+    spans = cl.decide_rule("differ", [0.3, -0.2, 0.1, -0.25], rules=TOY)
+    assert spans.verdict == "inconclusive"
+    assert TOY["differ"].describe() == "A − B ≠ 0.000 (either sign)"

@@ -111,9 +111,10 @@ def decide(
     confidence: float = 1 - ALPHA,
 ) -> tuple[str, list | None, str]:
     """``(verdict, interval, reason)`` for "the quantity is ``direction`` ``threshold``", from the
-    ``confidence`` t-interval over the per-seed ``values``."""
-    if direction not in (">", "<"):
-        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
+    ``confidence`` t-interval over the per-seed ``values``. ``"!="`` (a difference of either
+    sign) is reproduced by an interval on either side; no interval shows there is none."""
+    if direction not in (">", "<", "!="):
+        raise ValueError(f"direction must be '>', '<' or '!=', got {direction!r}")
     s = seed_stats(values, confidence)
     if not all(math.isfinite(v) for v in s["values"]):
         return "inconclusive", None, "a seed gave a non-finite value: no interval"
@@ -123,7 +124,10 @@ def decide(
         return "inconclusive", s["ci"], "the same value on every seed: no spread, so no interval"
     lo, hi = s["ci"]
     above, below = lo > threshold, hi < threshold
-    paper_side, other_side = (above, below) if direction == ">" else (below, above)
+    if direction == "!=":
+        paper_side, other_side = above or below, False
+    else:
+        paper_side, other_side = (above, below) if direction == ">" else (below, above)
     if paper_side:
         return "reproduced", s["ci"], ""
     if other_side:
@@ -276,7 +280,7 @@ def paper_distance(rule: Rule) -> float | None:
     if rule.paper_effect is None:
         return None
     d = rule.paper_effect - rule.threshold
-    return d if rule.test == ">" else -d
+    return {">": d, "<": -d, "!=": abs(d)}[rule.test]
 
 
 def _vs_paper(rule: Rule, interval: list | None) -> str:
@@ -288,6 +292,16 @@ def _vs_paper(rule: Rule, interval: list | None) -> str:
         return (
             "consistent with the paper's" if lo <= rule.paper_effect <= hi else "unlike the paper's"
         )
+    if rule.test == "!=":  # the size of the difference, whichever its sign
+        size, a, b = (
+            abs(rule.paper_effect - rule.threshold),
+            lo - rule.threshold,
+            hi - rule.threshold,
+        )
+        least = 0.0 if a <= 0 <= b else min(abs(a), abs(b))
+        if max(abs(a), abs(b)) < size:
+            return "smaller than the paper's"
+        return "larger than the paper's" if least > size else "consistent with the paper's"
     below, above = hi < rule.paper_effect, lo > rule.paper_effect
     smaller, larger = (below, above) if rule.test == ">" else (above, below)
     if smaller:

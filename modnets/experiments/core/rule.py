@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["Rule", "TESTS", "POINTS", "PERCENT", "FIGURE"]
 
-TESTS = ("<", ">", "equivalent")
+#: ``>`` / ``<``: one direction; ``!=``: either direction (a difference, its sign not claimed);
+#: ``equivalent``: within a margin.
+TESTS = ("<", ">", "!=", "equivalent")
 
 #: Formatting for a difference of accuracies (fractions) shown in percentage points.
 POINTS = {"scale": 100, "digits": 1, "unit": " pts"}
@@ -56,6 +58,8 @@ class Rule:
         t = f"{self.scale * self.threshold:.{self.digits}f}{self.unit}"
         if self.test == "equivalent":
             return f"{self.quantity} within ±{t} (TOST)"
+        if self.test == "!=":
+            return f"{self.quantity} ≠ {t} (either sign)"
         return f"{self.quantity} {self.test} {t}"
 
     def fingerprint(self) -> str:
