@@ -257,7 +257,7 @@ lines = [
 ]
 for name, key, how, style in lines:
     acc = curve(models[name], key)
-    # each curve at its own fractions (the random order also at 100 %: all but one module)
+    # each curve at its own fractions (random also at 100 %: all modules but one)
     xs = [100 * d["fraction"] for d in models[name]["per_seed"][0][key]]
     ax.errorbar(
         xs,
