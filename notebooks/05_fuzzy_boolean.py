@@ -55,8 +55,7 @@ from modnets.data.fuzzy_boolean import (
     sample_functions,
 )
 from modnets.experiments import fuzzy_boolean as fb
-from modnets.experiments.core import evidence
-from modnets.experiments.core.evidence_report import build_path
+from modnets.experiments.core import evidence_report
 from modnets.experiments.core.report import (
     claims_table,
     regime_sentence,
@@ -380,10 +379,10 @@ show(chosen_train.model_config())
 # its configured seeds.
 
 # %%
-book = evidence.book_results(fb.EXPERIMENT, PROFILE)
+book = evidence_report.book_results(fb.EXPERIMENT, PROFILE)
 results, seeds = book.results, book.results["seeds"]
 print("results saved to", save_results(results, results_path(fb.NAME, PROFILE)))
-save_results(book.build, build_path(fb.NAME, PROFILE))
+save_results(book.build, evidence_report.build_path(fb.NAME, PROFILE))
 display(Markdown(book.sentence()))
 # the trained models of the seed trained here, from the checkpoints the run wrote
 final = dataclasses.replace(config, train=chosen_train)

@@ -26,7 +26,7 @@ INSPECT = {"diagnostics", "viz", "diagrams"}
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("registry", "benchmarks"):
+    if len(parts) == 1 or parts[1] in ("registry", "benchmarks", "reproduce"):
         return "top"
     name = parts[1]
     if name in BASE:

@@ -8,7 +8,7 @@ import json
 import pytest
 from smoke_checks import DATA, missing_data, without_times
 
-from modnets.experiments.core import evidence
+from modnets.experiments.core import evidence, evidence_report
 from modnets.experiments.core.claims import seeds_needed
 from modnets.experiments.core.discovery import get, list_experiments
 from modnets.experiments.core.options import RunOptions
@@ -86,13 +86,13 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert evidence.problems([toy], tmp_path) == []
 
     # a chapter shows the complete record's claim seeds and trains the first again, checked
-    book = evidence.book_results(toy, "smoke", QUIET, root=tmp_path)
+    book = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path)
     assert book.recorded and book.results["seeds"] == plan.seeds["claim"]
     assert book.build["seeds"] == plan.seeds["claim"][:1]
     assert book.checks and all(c.within and c.seed == 0 for c in book.checks)
     assert "results of the evidence record" in book.sentence()
-    assert evidence.RECORD_MISMATCH not in book.sentence()
-    bare = evidence.book_results(toy, "smoke", QUIET, root=tmp_path / "none")
+    assert evidence_report.RECORD_MISMATCH not in book.sentence()
+    bare = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path / "none")
     assert not bare.recorded and bare.results is bare.build and not bare.checks
     assert bare.sentence().startswith("No complete evidence record")
 
@@ -164,10 +164,10 @@ def test_the_build_check_flags_a_seed_outside_the_records_range():
     cid = "table1-type-beats-cls"
     record = _record({cid: [0.01, 0.02, 0.03, 0.02]})
     build = {"seeds": [0, 1, 77], "claims": [{"id": cid, "values": [0.035, 0.5, 0.0]}]}
-    checks = evidence.check_against_record(record, build)
+    checks = evidence_report.check_against_record(record, build)
     assert [(c.seed, c.within) for c in checks] == [(0, True), (1, False)]
     with pytest.raises(ValueError, match="none of the seeds"):
-        evidence.check_against_record(record, {"seeds": [77], "claims": []})
+        evidence_report.check_against_record(record, {"seeds": [77], "claims": []})
 
 
 def test_the_committed_records_stand():

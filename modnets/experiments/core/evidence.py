@@ -56,6 +56,7 @@ __all__ = [
     "Record",
     "agreements",
     "record_folder",
+    "configured",
     "measure_seed",
     "combine",
     "plan_from_pilot",
@@ -63,11 +64,6 @@ __all__ = [
     "load_record",
     "Problem",
     "problems",
-    "SeedCheck",
-    "check_against_record",
-    "RECORD_MISMATCH",
-    "BookResults",
-    "book_results",
 ]
 
 #: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
@@ -82,9 +78,6 @@ CAP = 12
 REPLICATION_START = 1000
 #: The two seed sets of a plan.
 SETS = ("claim", "replication")
-#: What a page says where a seed the build ran lies outside its evidence record (``make audit``
-#: fails on it).
-RECORD_MISMATCH = "outside its evidence record"
 
 
 @dataclass(frozen=True)
@@ -169,7 +162,8 @@ def _seal(content: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _configured(experiment: Experiment, profile: str, seeds: Sequence[int]):
+def configured(experiment: Experiment, profile: str, seeds: Sequence[int]):
+    """``experiment``'s configuration at ``profile``, at ``seeds``."""
     return dataclasses.replace(select(experiment.configs, profile), seeds=tuple(seeds))
 
 
@@ -179,7 +173,7 @@ def measure_seed(experiment: Experiment, profile: str, seed: int, options: RunOp
     from modnets.training import compiler_available
 
     start = time.perf_counter()
-    config = _configured(experiment, profile, [seed])
+    config = configured(experiment, profile, [seed])
     workers = harness.workers_for(options.workers, profile, options.device)
     measured = experiment.measure(config, dataclasses.replace(options, workers=workers))
     provenance = harness.provenance(start, experiment.code)
@@ -249,7 +243,7 @@ def combine(experiment: Experiment, records: Sequence[dict]) -> dict:
         "dates": sorted({p.get("date", "") for p in prov}),
     }
     selection = records[0]["selection_seeds"]
-    config = _configured(experiment, profile, seeds)
+    config = configured(experiment, profile, seeds)
     measured = Measurement(models, diagnostics, config, selection)
     # the configuration as the seeds ran it (after any selection), as the results file holds it
     written = {**as_run[0], "seeds": seeds}
@@ -413,110 +407,3 @@ def problems(experiments: Sequence[Experiment], root: str | Path | None = None) 
                     reason = f"made with code {made}, the code is now {current} (stale)"
                     out.append(Problem(seed_file, reason, renew))
     return out
-
-
-# ----------------------------------------------------------------------------- the build's check
-
-
-@dataclass(frozen=True)
-class SeedCheck:
-    """One claim's tested quantity at a seed recomputed by the build, against the record:
-    ``within`` when ``value`` lies in the record's range over the set widened by its spread
-    (machines round differently, so not to the bit)."""
-
-    id: str
-    seed: int
-    value: float
-    low: float
-    high: float
-
-    @property
-    def within(self) -> bool:
-        return self.low <= self.value <= self.high
-
-
-def check_against_record(record: Record, results: dict) -> list[SeedCheck]:
-    """Each claim's value at each seed of ``results`` (a run of the book's build) that is a
-    claim seed of ``record``, against the claim set's values in the record."""
-    if record.results["claim"] is None:
-        raise ValueError(f"the record of {record.plan.experiment} is not complete")
-    ours = [s for s in results["seeds"] if s in record.plan.seeds["claim"]]
-    if not ours:
-        raise ValueError(f"none of the seeds {results['seeds']} is a claim seed of the record")
-    reference = {c["id"]: c["values"] for c in record.results["claim"]["claims"]}
-    out = []
-    for claim in results["claims"]:
-        values = reference.get(claim["id"]) or []
-        if len(claim["values"]) != len(results["seeds"]) or len(values) < 2:
-            continue  # not one value per seed (not tested here), or no spread to go by
-        spread = seed_stats(values)["sd"]
-        lo, hi = min(values) - spread, max(values) + spread
-        by_seed = dict(zip(results["seeds"], claim["values"], strict=True))
-        out += [SeedCheck(claim["id"], s, by_seed[s], lo, hi) for s in ours]
-    return out
-
-
-# ----------------------------------------------------------------------------- what a chapter shows
-
-
-@dataclass(frozen=True)
-class BookResults:
-    """What a chapter shows: ``results``, the claim set of the experiment's evidence record where
-    it has a complete one (``recorded``), else this build's run; ``build``, this build's run
-    (the record's first claim seeds recomputed, or every configured seed); ``checks``, the
-    build's claim values against the record."""
-
-    results: dict
-    recorded: bool
-    build: dict
-    checks: list[SeedCheck] = field(default_factory=list)
-
-    def sentence(self) -> str:
-        """Where the chapter's numbers come from, and whether this build agrees with them."""
-        seeds = self.results["seeds"]
-        if not self.recorded:
-            return (
-                f"No complete evidence record at this profile yet: these are this build's "
-                f"{len(seeds)} seeds ({seeds}); chapter 13 says how a record is made."
-            )
-        prov = self.results["provenance"]
-        bad = [c for c in self.checks if not c.within]
-        agree = (
-            f"{len(self.checks) - len(bad)} of its {len(self.checks)} claim values lie within "
-            "the record's range over the claim seeds, widened by their spread"
-        )
-        if bad:
-            agree += f"; {len(bad)} lie {RECORD_MISMATCH} ({', '.join(c.id for c in bad)})"
-        return (
-            f"These are the results of the evidence record: {len(seeds)} claim seeds "
-            f"({seeds[0]}..{seeds[-1]}, their number chosen by power), recorded on "
-            f"{', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}; chapter 13 sets "
-            f"them beside a replication on as many other seeds. This build trained seed "
-            f"{', '.join(map(str, self.build['seeds']))} again: {agree}."
-        )
-
-
-def book_results(
-    experiment: Experiment,
-    profile: str,
-    options: RunOptions | None = None,
-    *,
-    root: str | Path | None = None,
-    check_seeds: int = 1,
-    **flags,
-) -> BookResults:
-    """What ``experiment``'s chapter shows at ``profile``: its record's claim set, with its first
-    ``check_seeds`` claim seeds trained again here and checked against it, where the record is
-    complete; else a run of the configured seeds."""
-    options = resolved(options, flags)
-    try:
-        record = load_record(experiment, profile, root)
-    except FileNotFoundError:
-        record = None
-    if record is None or not record.complete:
-        results = experiment.run(profile=profile, options=options)
-        return BookResults(results, False, results)
-    config = _configured(experiment, profile, record.plan.seeds["claim"][:check_seeds])
-    build = experiment.run(config, profile, options)
-    recorded = record.results["claim"]
-    return BookResults(recorded, True, build, check_against_record(record, build))

@@ -1,5 +1,7 @@
-"""The evidence records as chapter 13 shows them: each experiment's plan and progress, both seed
-sets' verdicts side by side, and the build's own seeds checked against the records.
+"""The evidence records as the book reads them: what an experiment's chapter shows (a complete
+record's claim seeds, one of them trained again and checked against it), and chapter 13's views
+(each experiment's plan and progress, both seed sets' verdicts side by side, the build's seeds
+against the records).
 
 Nothing here decides anything: :mod:`modnets.experiments.core.evidence` reads the records and
 :mod:`modnets.experiments.core.claims` decides.
@@ -7,12 +9,22 @@ Nothing here decides anything: :mod:`modnets.experiments.core.evidence` reads th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from modnets.experiments.core.discovery import get, list_experiments
-from modnets.experiments.core.evidence import RECORD_MISMATCH
+from modnets.experiments.core.evidence import Record, configured, load_record
+from modnets.experiments.core.experiment import Experiment
+from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.report import COLOURS, own_experiments, papers
+from modnets.experiments.core.stats import seed_stats
 
 __all__ = [
     "RECORD_MISMATCH",
+    "SeedCheck",
+    "check_against_record",
+    "BookResults",
+    "book_results",
     "evidence_records",
     "evidence_status",
     "evidence_frame",
@@ -21,6 +33,118 @@ __all__ = [
     "record_checks",
     "build_path",
 ]
+
+
+#: What a page says where a seed the build ran lies outside its evidence record (``make audit``
+#: fails on it).
+RECORD_MISMATCH = "outside its evidence record"
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """One claim's tested quantity at a seed recomputed by the build, against the record:
+    ``within`` when ``value`` lies in the record's range over the set widened by its spread
+    (machines round differently, so not to the bit)."""
+
+    id: str
+    seed: int
+    value: float
+    low: float
+    high: float
+
+    @property
+    def within(self) -> bool:
+        return self.low <= self.value <= self.high
+
+
+def check_against_record(record: Record, results: dict) -> list[SeedCheck]:
+    """Each claim's value at each seed of ``results`` (a run of the book's build) that is a
+    claim seed of ``record``, against the claim set's values in the record."""
+    if record.results["claim"] is None:
+        raise ValueError(f"the record of {record.plan.experiment} is not complete")
+    ours = [s for s in results["seeds"] if s in record.plan.seeds["claim"]]
+    if not ours:
+        raise ValueError(f"none of the seeds {results['seeds']} is a claim seed of the record")
+    reference = {c["id"]: c["values"] for c in record.results["claim"]["claims"]}
+    out = []
+    for claim in results["claims"]:
+        values = reference.get(claim["id"]) or []
+        if len(claim["values"]) != len(results["seeds"]) or len(values) < 2:
+            continue  # not one value per seed (not tested here), or no spread to go by
+        spread = seed_stats(values)["sd"]
+        lo, hi = min(values) - spread, max(values) + spread
+        by_seed = dict(zip(results["seeds"], claim["values"], strict=True))
+        out += [SeedCheck(claim["id"], s, by_seed[s], lo, hi) for s in ours]
+    return out
+
+
+# ----------------------------------------------------------------------------- what a chapter shows
+
+
+@dataclass(frozen=True)
+class BookResults:
+    """What a chapter shows: ``results``, the claim set of the experiment's evidence record where
+    it has a complete one (``recorded``), else this build's run; ``build``, this build's run
+    (the record's first claim seeds recomputed, or every configured seed); ``checks``, the
+    build's claim values against the record."""
+
+    results: dict
+    recorded: bool
+    build: dict
+    checks: list[SeedCheck] = field(default_factory=list)
+
+    def sentence(self) -> str:
+        """Where the chapter's numbers come from, and whether this build agrees with them."""
+        seeds = self.results["seeds"]
+        if not self.recorded:
+            return (
+                f"No complete evidence record at this profile yet: these are this build's "
+                f"{len(seeds)} seeds ({seeds}); chapter 13 says how a record is made."
+            )
+        prov = self.results["provenance"]
+        bad = [c for c in self.checks if not c.within]
+        agree = (
+            f"{len(self.checks) - len(bad)} of its {len(self.checks)} claim values lie within "
+            "the record's range over the claim seeds, widened by their spread"
+        )
+        if bad:
+            agree += f"; {len(bad)} lie {RECORD_MISMATCH} ({', '.join(c.id for c in bad)})"
+        return (
+            f"These are the results of the evidence record: {len(seeds)} claim seeds "
+            f"({seeds[0]}..{seeds[-1]}, their number chosen by power), recorded on "
+            f"{', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}; chapter 13 sets "
+            f"them beside a replication on as many other seeds. This build trained seed "
+            f"{', '.join(map(str, self.build['seeds']))} again: {agree}."
+        )
+
+
+def book_results(
+    experiment: Experiment,
+    profile: str,
+    options: RunOptions | None = None,
+    *,
+    root: str | Path | None = None,
+    check_seeds: int = 1,
+    **flags,
+) -> BookResults:
+    """What ``experiment``'s chapter shows at ``profile``: its record's claim set, with its first
+    ``check_seeds`` claim seeds trained again here and checked against it, where the record is
+    complete; else a run of the configured seeds."""
+    options = resolved(options, flags)
+    try:
+        record = load_record(experiment, profile, root)
+    except FileNotFoundError:
+        record = None
+    if record is None or not record.complete:
+        results = experiment.run(profile=profile, options=options)
+        return BookResults(results, False, results)
+    config = configured(experiment, profile, record.plan.seeds["claim"][:check_seeds])
+    build = experiment.run(config, profile, options)
+    recorded = record.results["claim"]
+    return BookResults(recorded, True, build, check_against_record(record, build))
+
+
+# ----------------------------------------------------------------------------- chapter 13
 
 
 def evidence_records(profile: str, root=None) -> dict:
@@ -126,7 +250,6 @@ def record_checks(records: dict, profile: str, folder="_build/results") -> tuple
     checked)."""
     import pandas as pd
 
-    from modnets.experiments.core import evidence
     from modnets.experiments.core.results import load_results, results_path
 
     rows = []
@@ -139,7 +262,7 @@ def record_checks(records: dict, profile: str, folder="_build/results") -> tuple
         results = load_results(path)
         if not set(results["seeds"]) & set(record.plan.seeds["claim"]):
             continue
-        for c in evidence.check_against_record(record, results):
+        for c in check_against_record(record, results):
             rows.append(
                 {
                     "experiment": name,
