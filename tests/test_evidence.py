@@ -155,6 +155,12 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     assert b.decided == "undecided" and "disagree" in b.note
     (c,) = evidence.agreements([_record({cid: up}, needed={cid: 40})], "NI")
     assert c.decided == "undecided" and "more than 12 seeds" in c.note
+    assert not a.smaller  # 0.06 against the paper's 0.0655: consistent
+    small = [0.01, 0.012, 0.011, 0.013]
+    (d,) = evidence.agreements([_record({cid: small})], "NI")
+    assert d.decided == "reproduced" and d.smaller
+    sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: small})})
+    assert f"(with an effect smaller than the paper's: `{cid}`)" in sentence
 
 
 def test_the_build_check_flags_a_seed_outside_the_records_range():
@@ -204,6 +210,7 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     status = report.evidence_status(records, "cpu")
     assert "`digits`: no evidence record yet" in status and "4 seeds a set" in status
     assert list(report.evidence_frame(records)["decided"]) == ["reproduced"]
-    assert report.evidence_sentence(records).startswith("Of the 1 paper claims")
-    assert "1 reproduced" in report.evidence_sentence(records)
+    sentence = report.evidence_sentence(records)
+    assert sentence.startswith("**Neural Interpreters** (`fuzzy_boolean` (4 seeds a set))")
+    assert "both seed sets reproduce `table1-type-beats-cls`" in sentence
     assert report.evidence_sentence({"digits": None}).startswith("No experiment")

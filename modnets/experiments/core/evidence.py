@@ -110,13 +110,14 @@ class Plan:
 class Agreement:
     """One claim under both seed sets: ``decided`` is the verdict both gave (after Holm), or
     ``"undecided"``, with ``note`` saying why (the sets disagree, or the claim needs more seeds
-    than the plan's cap)."""
+    than the plan's cap); ``smaller``: both sets put the effect below the paper's."""
 
     id: str
     kind: str
     verdicts: dict[str, str]
     decided: str
     note: str = ""
+    smaller: bool = False
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,8 @@ def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
         elif not same:
             note = "the two seed sets disagree"
         decided = verdicts["claim"] if same and not note else "undecided"
-        out.append(Agreement(cid, claim.kind, verdicts, decided, note))
+        smaller = all(by_set[s][cid].vs_paper == "smaller than the paper's" for s in SETS)
+        out.append(Agreement(cid, claim.kind, verdicts, decided, note, smaller))
     return out
 
 

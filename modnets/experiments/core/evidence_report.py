@@ -207,19 +207,42 @@ def evidence_frame(records: dict):
     return pd.DataFrame(rows, columns=[*columns, "why undecided"])
 
 
+def _ids(ids: list[str]) -> str:
+    return ", ".join(f"`{i}`" for i in ids)
+
+
 def evidence_sentence(records: dict) -> str:
-    """What the complete records decide, in one sentence generated from :func:`evidence_frame`."""
-    frame = evidence_frame(records)
-    if frame.empty:
+    """Per paper, in written sentences generated from :func:`evidence_frame`: what both seed sets
+    reproduce (and where the effect is smaller than the paper's), what they do not, and why the
+    rest is open."""
+    from modnets.experiments.core import evidence
+
+    groups = dict(papers())
+    lines = []
+    for paper, names in groups.items():
+        complete = [records[n] for n in names if records.get(n) and records[n].complete]
+        if not complete:
+            continue
+        rows = [a for a in evidence.agreements(complete, paper) if a.kind == "paper"]
+        by = {}
+        for a in rows:
+            by.setdefault(a.decided, []).append(a)
+        parts = []
+        yes = by.get("reproduced", [])
+        if yes:
+            small = [a.id for a in yes if a.smaller]
+            note = f" (with an effect smaller than the paper's: {_ids(small)})" if small else ""
+            parts.append(f"both seed sets reproduce {_ids([a.id for a in yes])}{note}")
+        for verdict in ("not reproduced", "inconclusive", "not testable here"):
+            if by.get(verdict):
+                parts.append(f"both find {_ids([a.id for a in by[verdict]])} {verdict}")
+        for a in by.get("undecided", []):
+            parts.append(f"{_ids([a.id])} is open: {a.note}")
+        tested = ", ".join(f"`{r.plan.experiment}` ({r.plan.n} seeds a set)" for r in complete)
+        lines.append(f"**{paper}** ({tested}): " + "; ".join(parts) + ".")
+    if not lines:
         return "No experiment's evidence record is complete at this profile yet."
-    paper = frame[frame["kind"] == "paper"]
-    decided = paper[paper["decided"] != "undecided"]["decided"].value_counts()
-    counts = ", ".join(f"{n} {v}" for v, n in decided.items()) or "none"
-    undecided = int((paper["decided"] == "undecided").sum())
-    return (
-        f"Of the {len(paper)} paper claims with a complete record, both seed sets decide "
-        f"{int(decided.sum())} alike ({counts}); {undecided} stay undecided."
-    )
+    return "\n\n".join(lines)
 
 
 def evidence_table(records: dict):
