@@ -349,7 +349,9 @@ def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
             note = "the two seed sets disagree"
         decided = verdicts["claim"] if same and not note else "undecided"
         smaller = all(by_set[s][cid].vs_paper == "smaller than the paper's" for s in SETS)
-        out.append(Agreement(cid, claim.kind, verdicts, decided, note, smaller))
+        out.append(
+            Agreement(cid, claim.kind, verdicts, decided=decided, note=note, smaller=smaller)
+        )
     return out
 
 
