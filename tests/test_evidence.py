@@ -91,6 +91,7 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert book.build["seeds"] == plan.seeds["claim"][:1]
     assert book.checks and all(c.within and c.seed == 0 for c in book.checks)
     assert "results of the evidence record" in book.sentence()
+
     assert evidence_report.RECORD_MISMATCH not in book.sentence()
     bare = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path / "none")
     assert not bare.recorded and bare.results is bare.build and not bare.checks
@@ -214,3 +215,15 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     assert sentence.startswith("**Neural Interpreters** (`fuzzy_boolean` (4 seeds a set))")
     assert "both seed sets reproduce `table1-type-beats-cls`" in sentence
     assert report.evidence_sentence({"digits": None}).startswith("No experiment")
+
+
+def test_a_chapter_takes_holm_over_its_papers_claims_in_every_complete_record(tmp_path):
+    """The claim set a chapter shows gets Holm's correction over its paper's claims (chapter
+    13's family): two claims each passing alone at p ≈ 0.03 do not both pass as a family."""
+    a, b = "table1-type-beats-cls", "table1-gap-closed"
+    values = [0.02, 0.03, 0.05, 0.07]  # t ≈ 3.8 on 3 degrees of freedom: p ≈ 0.03
+    record = _record({a: values, b: values})
+    results = evidence_report._holm_over_paper(get("fuzzy_boolean"), record, "cpu", tmp_path)
+    assert [c["verdict"] for c in results["claims"]] == ["reproduced"] * 2
+    assert [c["verdict_holm"] for c in results["claims"]] == ["inconclusive"] * 2
+    assert {c["holm_family"] for c in results["claims"]} == {"Neural Interpreters"}
