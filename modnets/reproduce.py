@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.experiments:
         experiment = get(name)
         if args.renew:
-            for problem in evidence.problems([experiment], args.records):
+            for problem in evidence.problems([experiment], args.records, args.profile):
                 problem.path.unlink()
         try:
             record = evidence.evidence(experiment, args.profile, options, root=args.records)

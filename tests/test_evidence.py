@@ -76,10 +76,17 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     data["provenance"]["code_fingerprint"] = "0" * 16
     data["seal"] = evidence._seal(data)
     other.write_text(json.dumps(data))
+    plan_file = folder / "plan.json"
+    plan_text = plan_file.read_text()
+    edited_plan = {**json.loads(plan_text), "pilot_seeds": [900, 901]}  # edited after the fact
+    plan_file.write_text(json.dumps(edited_plan))
     found = evidence.problems([toy], tmp_path)
-    assert [p.path for p in found] == [path, other]  # by file name
+    assert [p.path for p in found] == [plan_file, path, other]  # the plan, then by file name
     assert all("--renew" in p.command and p.command in str(p) for p in found)
-    assert "seal" in found[0].reason and "stale" in found[1].reason
+    assert "seal" in found[0].reason and "seal" in found[1].reason
+    assert "training code" in found[2].reason and "stale" in found[2].reason
+    assert evidence.problems([toy], tmp_path, profile="cpu") == []  # another profile's folder
+    plan_file.write_text(plan_text)
     with pytest.raises(ValueError, match="seal"):
         evidence.load_record(toy, "smoke", tmp_path)
     main(["--profile", "smoke", "--experiments", toy.name, "--records", str(tmp_path), "--renew"])
@@ -121,8 +128,15 @@ def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds()
     assert evidence.plan_from_pilot(pilot(effect / 2)).n == needs
     plan = evidence.plan_from_pilot(pilot(effect * 3))
     assert plan.n == evidence.MIN_SEEDS and plan.needed[rule.id] > evidence.CAP
+    n = plan.n
     with pytest.raises(ValueError, match="share"):
-        dataclasses.replace(plan, seeds={"claim": [0, 1], "replication": [1, 2]})
+        dataclasses.replace(
+            plan, seeds={"claim": list(range(n)), "replication": [*range(1, n), 99]}
+        )
+    with pytest.raises(ValueError, match="distinct"):
+        dataclasses.replace(plan, seeds={"claim": [0] * n, "replication": list(range(10, 10 + n))})
+    with pytest.raises(ValueError, match="n must be"):
+        dataclasses.replace(plan, n=13)
 
 
 def _record(values: dict[str, list[float]], replication: dict | None = None, needed=None):
@@ -132,7 +146,17 @@ def _record(values: dict[str, list[float]], replication: dict | None = None, nee
     rules = get("fuzzy_boolean").rules
     n = len(next(iter(values.values())))
     seeds = {"claim": list(range(n)), "replication": list(range(1000, 1000 + n))}
-    plan = evidence.Plan("fuzzy_boolean", "cpu", [900], needed or {}, n, 12, seeds, "", "")
+    plan = evidence.Plan(
+        experiment="fuzzy_boolean",
+        profile="cpu",
+        pilot_seeds=[900],
+        needed=needed or {},
+        n=n,
+        cap=12,
+        seeds=seeds,
+        code="",
+        declared="",
+    )
     sets = {"claim": values, "replication": replication or values}
     results = {
         k: {
@@ -155,7 +179,11 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     assert b.verdicts == {"claim": "reproduced", "replication": "not reproduced"}
     assert b.decided == "undecided" and "disagree" in b.note
     (c,) = evidence.agreements([_record({cid: up}, needed={cid: 40})], "NI")
-    assert c.decided == "undecided" and "more than 12 seeds" in c.note
+    assert (
+        c.decided == "undecided" and c.note == "needs 40 seeds at the pilot's spread, more than 12"
+    )
+    (e,) = evidence.agreements([_record({cid: up}, needed={cid: None})], "NI")
+    assert e.decided == "undecided" and e.note.startswith("the pilot gave no number")
     assert not a.smaller  # 0.06 against the paper's 0.0655: consistent
     small = [0.01, 0.012, 0.011, 0.013]
     (d,) = evidence.agreements([_record({cid: small})], "NI")

@@ -265,10 +265,16 @@ def test_a_claim_whose_mechanism_is_unused_is_not_testable_never_reproduced():
     assert up.verdict == "reproduced"
     gated = cl.outside_regime(up, reg)
     assert gated.verdict == gated.verdict_holm == "not testable here"
-    assert gated.reason.startswith("the toy's edges unused: removing every edge costs only")
+    assert gated.reason.startswith("the toy's edges unused: removing every edge costs 0.2 points")
     assert gated.values == up.values  # its numbers kept
     down = cl.decide_rule("down", [0.0, 0.01, 0.02], rules=TOY)
     assert cl.outside_regime(down, reg) == down
+    # one seed: no spread to compare with, so the claim keeps its verdict
+    alone = mechanism("the toy's edges", "removing every edge", ("up",), [0.4], [0.4])
+    assert not alone.checked and not alone.used and not alone.unused
+    one = harness.regime("toy", {"top-1": (0.4, 0.1, ">=")}, mechanisms=[alone])
+    assert cl.outside_regime(up, one) == up
+    assert "no seed spread" in alone.describe()
     with pytest.raises(ValueError, match="one score per seed"):
         mechanism("x", "y", (), [0.1, 0.2], [0.1])
 

@@ -363,12 +363,12 @@ def outside_regime(claim: Claim, regime: dict) -> Claim:
     (``regime["reached"]``) and use the part it is about (``regime["mechanisms"]``,
     :mod:`modnets.experiments.core.mechanism`); otherwise ``not testable here`` with the measured
     shortfall, its numbers kept."""
-    unused = [m for m in regime.get("mechanisms", ()) if claim.id in m["claims"] and not m["used"]]
+    checks = [Mechanism.from_dict(m) for m in regime.get("mechanisms", ())]
+    unused = [m for m in checks if claim.id in m.claims and m.unused]
     if regime["reached"] and not unused:
         return claim
     if unused:
-        m = Mechanism(**{k: v for k, v in unused[0].items() if k != "used"})
-        reason = f"{m.name} unused: {m.describe()}"
+        reason = f"{unused[0].name} unused: {unused[0].describe()}"
     else:
         reason = f"outside the paper's regime: {regime['shortfall']}"
     return replace(

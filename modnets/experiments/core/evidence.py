@@ -46,6 +46,7 @@ from modnets.utils import atomic_file, progress
 
 __all__ = [
     "RECORDS",
+    "CLOCK_KEYS",
     "PILOT_SEEDS",
     "MIN_SEEDS",
     "CAP",
@@ -57,6 +58,7 @@ __all__ = [
     "agreements",
     "record_folder",
     "configured",
+    "measurement_fingerprint",
     "measure_seed",
     "combine",
     "plan_from_pilot",
@@ -98,6 +100,12 @@ class Plan:
     declared: str
 
     def __post_init__(self):
+        if not 2 <= self.n <= self.cap:
+            raise ValueError(f"plan: n must be in [2, cap={self.cap}], got {self.n}")
+        for name in SETS:
+            seeds = self.seeds[name]
+            if len(seeds) != self.n or len(set(seeds)) != self.n:
+                raise ValueError(f"plan: the {name} seeds must be {self.n} distinct, got {seeds}")
         claim, replication = (set(self.seeds[s]) for s in SETS)
         overlap = (claim & replication) | ((claim | replication) & set(self.pilot_seeds))
         if overlap:
@@ -168,16 +176,27 @@ def configured(experiment: Experiment, profile: str, seeds: Sequence[int]):
     return dataclasses.replace(select(experiment.configs, profile), seeds=tuple(seeds))
 
 
-def measure_seed(experiment: Experiment, profile: str, seed: int, options: RunOptions) -> dict:
+def measurement_fingerprint(experiment: Experiment) -> str:
+    """A hash of the code that measures the trained models: ``measure`` and ``summarise`` with
+    the helpers of their modules they name (the provenance's ``code_fingerprint`` covers the
+    code the models train with)."""
+    return code_fingerprint(experiment.measure, experiment.summarise)
+
+
+def measure_seed(
+    experiment: Experiment, profile: str, seed: int, options: RunOptions | None = None
+) -> dict:
     """``experiment`` at ``profile`` measured at ``seed`` alone: its results without claims (a
     set decides those), with the provenance of this process, sealed."""
     from modnets.training import compiler_available
 
+    options = resolved(options, {})
     start = time.perf_counter()
     config = configured(experiment, profile, [seed])
     workers = harness.workers_for(options.workers, profile, options.device)
     measured = experiment.measure(config, dataclasses.replace(options, workers=workers))
     provenance = harness.provenance(start, experiment.code)
+    provenance["measurement_fingerprint"] = measurement_fingerprint(experiment)
     provenance["cpu"] = _cpu_model()
     provenance["compiler"] = compiler_available(options.device)
     provenance["date"] = datetime.date.today().isoformat()
@@ -195,6 +214,14 @@ def measure_seed(experiment: Experiment, profile: str, seed: int, options: RunOp
     return {**out, "seal": _seal(out)}
 
 
+def _load_plan(path: Path) -> Plan:
+    """The plan at ``path``, its seal checked: a plan is fixed before its seeds run."""
+    content = json.loads(path.read_text())
+    if content.get("seal") != _seal(content):
+        raise ValueError(f"{path}: its content does not match its seal (edited after it was made)")
+    return Plan(**{k: v for k, v in content.items() if k != "seal"})
+
+
 def _load_seed(path: Path) -> dict:
     record = json.loads(path.read_text())
     if record.get("seal") != _seal(record):
@@ -205,18 +232,27 @@ def _load_seed(path: Path) -> dict:
 # ----------------------------------------------------------------------------- combining
 
 
-def _merge(parts: list):
+#: The endings of the keys of readings taken with a clock (they differ from one process to
+#: the next): where seed records differ there, the first record's reading is kept.
+CLOCK_KEYS = ("seconds", "_per_s", "_ms", "_vs_cnn", "speedup_at80")
+
+
+def _merge(parts: list, key: str = ""):
     """Seed records' ``models`` / ``diagnostics`` (per-seed entries, before any summary) as one:
-    per-seed lists (entries with a ``"seed"``) joined in order, dicts merged key by key,
-    anything else taken from the first record (a setting, or a cost measured once)."""
+    per-seed lists (entries with a ``"seed"``) joined in order, dicts merged key by key; anything
+    else (a setting, a choice made on the selection seeds) must be the same in every record,
+    but for readings taken with a clock (:data:`CLOCK_KEYS`: the first record's)."""
     first = parts[0]
-    if isinstance(first, dict):
+    if all(isinstance(p, dict) for p in parts):
         keys = list(dict.fromkeys(k for p in parts for k in p))
-        return {k: _merge([p[k] for p in parts if k in p]) for k in keys}
-    if isinstance(first, list) and all(
+        return {k: _merge([p[k] for p in parts if k in p], k) for k in keys}
+    if all(isinstance(p, list) for p in parts) and all(
         isinstance(x, dict) and "seed" in x for p in parts for x in p
     ):
         return [x for p in parts for x in p]
+    same = all(json.dumps(p, sort_keys=True) == json.dumps(first, sort_keys=True) for p in parts)
+    if not same and not key.endswith(CLOCK_KEYS):
+        raise ValueError(f"the seed records differ in {key!r}, which is not per seed: {parts[:3]}")
     return first
 
 
@@ -315,10 +351,10 @@ def evidence(
             experiment, profile, PILOT_SEEDS, folder=folder, options=options, desc="pilot"
         )
         pilot = combine(experiment, pilots)
-        plan = plan_from_pilot(pilot)
+        plan = dataclasses.asdict(plan_from_pilot(pilot))
         with atomic_file(plan_path) as tmp:
-            tmp.write_text(json.dumps(dataclasses.asdict(plan), indent=1) + "\n")
-    plan = Plan(**json.loads(plan_path.read_text()))
+            tmp.write_text(json.dumps({**plan, "seal": _seal(plan)}, indent=1) + "\n")
+    plan = _load_plan(plan_path)
     for name in SETS:
         seeds = plan.seeds[name]
         _ensure(experiment, profile, seeds, folder=folder, options=options, desc=f"{name} seeds")
@@ -343,8 +379,10 @@ def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
         verdicts = {s: by_set[s][cid].verdict_holm for s in SETS}
         same = len(set(verdicts.values())) == 1
         note = ""
-        if cid in needed and (needed[cid] is None or needed[cid] > caps[cid]):
-            note = f"needs more than {caps[cid]} seeds at the pilot's spread"
+        if cid in needed and needed[cid] is None:
+            note = "the pilot gave no number of seeds (no spread, or its effect on the other side)"
+        elif cid in needed and needed[cid] > caps[cid]:
+            note = f"needs {needed[cid]} seeds at the pilot's spread, more than {caps[cid]}"
         elif not same:
             note = "the two seed sets disagree"
         decided = verdicts["claim"] if same and not note else "undecided"
@@ -364,7 +402,7 @@ def load_record(experiment: Experiment, profile: str, root: str | Path | None = 
             f"no evidence record for {experiment.name} at {profile} in {folder}: "
             f"python -m modnets.reproduce --profile {profile} --experiments {experiment.name}"
         )
-    plan = Plan(**json.loads(plan_path.read_text()))
+    plan = _load_plan(plan_path)
     results, missing = {}, {}
     for name in SETS:
         seeds = plan.seeds[name]
@@ -387,27 +425,40 @@ class Problem:
         return f"{self.path}: {self.reason}; renew it: {self.command}"
 
 
-def problems(experiments: Sequence[Experiment], root: str | Path | None = None) -> list[Problem]:
-    """What is wrong with the committed records of ``experiments`` (every profile): a seed
-    record edited after it was made, or made with code that is not the code any more (stale).
+def problems(
+    experiments: Sequence[Experiment], root: str | Path | None = None, profile: str = "*"
+) -> list[Problem]:
+    """What is wrong with the committed records of ``experiments`` (at ``profile``; ``"*"``:
+    every profile): a plan or a seed record edited after it was made, or a seed record made by
+    code that is not the code any more, the training code or the measurement code (stale).
     Empty: every record stands."""
+    edited = "its content does not match its seal (edited after it was made)"
     out = []
     for experiment in experiments:
-        current = code_fingerprint(*experiment.code) if experiment.code else None
-        for path in sorted(Path(RECORDS if root is None else root).glob(f"*/{experiment.name}/")):
+        train = code_fingerprint(*experiment.code) if experiment.code else None
+        measurement = measurement_fingerprint(experiment)
+        folders = Path(RECORDS if root is None else root).glob(f"{profile}/{experiment.name}/")
+        for path in sorted(folders):
             renew = (
                 f"python -m modnets.reproduce --profile {path.parent.name} "
                 f"--experiments {experiment.name} --renew"
             )
+            if (path / "plan.json").exists():
+                try:
+                    _load_plan(path / "plan.json")
+                except ValueError:
+                    out.append(Problem(path / "plan.json", edited, renew))
             for seed_file in sorted(path.glob("seed-*.json")):
                 try:
-                    record = _load_seed(seed_file)
+                    made = _load_seed(seed_file)["provenance"]
                 except ValueError:
-                    reason = "its content does not match its seal (edited after it was made)"
-                    out.append(Problem(seed_file, reason, renew))
+                    out.append(Problem(seed_file, edited, renew))
                     continue
-                made = record["provenance"]["code_fingerprint"]
-                if current is not None and made != current:
-                    reason = f"made with code {made}, the code is now {current} (stale)"
-                    out.append(Problem(seed_file, reason, renew))
+                for what, now, then in (
+                    ("training code", train, made["code_fingerprint"]),
+                    ("measurement code", measurement, made.get("measurement_fingerprint")),
+                ):
+                    if now is not None and then != now:
+                        reason = f"made with {what} {then}, the code is now {now} (stale)"
+                        out.append(Problem(seed_file, reason, renew))
     return out

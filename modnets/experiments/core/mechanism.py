@@ -24,8 +24,9 @@ __all__ = ["Mechanism", "mechanism"]
 class Mechanism:
     """One mechanism check: ``cost`` is the mean over seeds of the intact model's score minus the
     score with the part removed (``how``), ``spread`` the intact score's standard deviation over
-    seeds; the part is ``used`` when the cost exceeds the spread. ``claims``: the rule ids that
-    rely on it."""
+    seeds. The part is ``used`` when the cost exceeds the spread, ``unused`` when it does not,
+    and neither where there is nothing to compare (one seed, a non-finite score): then the
+    claims keep their verdicts. ``claims``: the rule ids that rely on it."""
 
     name: str
     how: str
@@ -34,19 +35,32 @@ class Mechanism:
     spread: float
 
     @property
+    def checked(self) -> bool:
+        return math.isfinite(self.cost) and math.isfinite(self.spread)
+
+    @property
     def used(self) -> bool:
-        return math.isfinite(self.cost) and math.isfinite(self.spread) and self.cost > self.spread
+        return self.checked and self.cost > self.spread
+
+    @property
+    def unused(self) -> bool:
+        return self.checked and self.cost <= self.spread
 
     def describe(self, scale: float = 100.0, unit: str = " points") -> str:
-        verb = "costs" if self.used else "costs only"
+        cost = f"{self.how} costs {scale * self.cost:.1f}{unit}"
+        if not self.checked:
+            return f"{cost}, with no seed spread to compare it with"
         than = "more than" if self.used else "not more than"
-        return (
-            f"{self.how} {verb} {scale * self.cost:.1f}{unit}, {than} the seed spread of the "
-            f"intact model (sd {scale * self.spread:.1f}{unit})"
-        )
+        sd = f"sd {scale * self.spread:.1f}{unit}"
+        return f"{cost}, {than} the seed spread of the intact model ({sd})"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "claims": list(self.claims), "used": self.used}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Mechanism:
+        """The check as a results file holds it (:meth:`as_dict`)."""
+        return cls(d["name"], d["how"], tuple(d["claims"]), d["cost"], d["spread"])
 
 
 def mechanism(

@@ -167,10 +167,11 @@ def regime_sentence(results: dict) -> str:
             f"**Regime not reached** ({r['required']}): {r['shortfall']}. Every claim of this "
             "run is therefore `not testable here`; its numbers are shown all the same."
         )
-    for m in r.get("mechanisms", ()):
-        mech = Mechanism(**{k: v for k, v in m.items() if k != "used"})
-        verdict = "used" if mech.used else "**unused**, so its claims are not testable here"
-        out += f" {mech.name[0].upper()}{mech.name[1:]}: {mech.describe()}: {verdict}."
+    for m in map(Mechanism.from_dict, r.get("mechanisms", ())):
+        verdict = "used" if m.used else "not checked" if not m.checked else "**unused**"
+        if m.unused:
+            verdict += ", so its claims are not testable here"
+        out += f" {m.name[0].upper()}{m.name[1:]}: {m.describe()}: {verdict}."
     return out
 
 
