@@ -86,8 +86,8 @@ def forest(claims: list) -> None:
 # Each bar is one paper's claims, coloured by verdict after Holm's correction. A hatched part of
 # the yellow is inconclusive because its test was underpowered (it could not have seen the
 # paper's effect at these seeds); the rest of the yellow could have. A dotted part of the green
-# is reproduced in direction with an effect smaller than the paper's (its interval lies below
-# the paper's number), counted apart from a full reproduction. The sections below give each
+# is reproduced in direction with an effect smaller than the paper's (its interval stops short
+# of the paper's number), counted apart from a full reproduction. The sections below give each
 # claim.
 
 # %% tags=["hide-input"]
@@ -165,9 +165,10 @@ report.claims_table(side, "ours")
 # %% [markdown]
 # ## Verdicts that replicate: the evidence records
 #
-# The tables above are this build's: a few seeds, trained while the book was made. Another
-# machine rounds differently, training takes another path, and a few seeds are another sample
-# each time, so a verdict from them may not come back. The evidence run
+# The tables above read what each chapter showed: its evidence record's claim seeds where the
+# record is complete, else the few seeds the chapter trained while the book was made. A verdict
+# from a few seeds may not come back: another machine rounds differently, training takes
+# another path, and a few seeds are another sample each time. The evidence run
 # (`python -m modnets.reproduce`, hours, apart from the build) decides each claim the way a
 # verdict should be decided:
 #

@@ -414,6 +414,14 @@ def test_claims_compute_every_verdict_from_made_up_results():
         **untested,
         "fig5a-gap-closes": "inconclusive",
     }
+    # functions that carry nothing: masking all but one costs no more than the seed spread, so
+    # the four claims about functions are not testable; the others keep their verdicts
+    idle = {
+        c.id: c for c in digits.claims(_made_up(**{**_REPRODUCED, "drop1": _REPRODUCED["drop0"]}))
+    }
+    about = set(importlib.import_module("modnets.experiments.digits.claims").ABOUT_FUNCTIONS)
+    assert {k for k, c in idle.items() if "functions unused" in c.reason} == about
+    assert idle["fig5a-ni-vs-vit"].verdict == "reproduced"
     # models that never learned MNIST: outside NI §4.2's regime, nothing decided
     weak = _made_up(**{**_REPRODUCED, "mnist": 0.7})
     assert {c.verdict for c in digits.claims(weak)} == {"not testable here"}

@@ -225,7 +225,7 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     cid = "table1-type-beats-cls"
     records = {"fuzzy_boolean": _record({cid: [0.01, 0.02, 0.03, 0.02]}), "digits": None}
     build = {"seeds": [0, 1], "claims": [{"id": cid, "values": [0.02, 0.5]}]}
-    (tmp_path / "fuzzy_boolean_cpu.json").write_text("{}")
+    (tmp_path / "fuzzy_boolean_build_cpu.json").write_text("{}")  # the seeds trained again
     monkeypatch.setattr(results, "load_results", lambda path: build)
     frame, sentence = report.record_checks(records, "cpu", tmp_path)
     assert list(frame["check"]) == ["within", report.RECORD_MISMATCH]

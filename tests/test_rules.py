@@ -293,3 +293,18 @@ def test_a_difference_of_either_sign_is_reproduced_by_an_interval_on_either_side
     spans = cl.decide_rule("differ", [0.3, -0.2, 0.1, -0.25], rules=TOY)
     assert spans.verdict == "inconclusive"
     assert TOY["differ"].describe() == "A − B ≠ 0.000 (either sign)"
+
+
+def test_every_claim_a_mechanism_gates_is_a_declared_rule():
+    """A typo in a mechanism's claim ids would gate nothing: each id names a rule of its
+    experiment."""
+    import importlib
+
+    digits_claims = importlib.import_module("modnets.experiments.digits.claims")
+    tiny_claims = importlib.import_module("modnets.experiments.tiny_imagenet.claims")
+
+    for ids, experiment in (
+        (digits_claims.ABOUT_FUNCTIONS, "digits"),
+        (tiny_claims.ABOUT_EDGES + tiny_claims.ABOUT_MODULES, "tiny_imagenet"),
+    ):
+        assert set(ids) <= set(discovery.rules_of(experiment)), experiment

@@ -9,11 +9,12 @@ Nothing here decides anything: :mod:`modnets.experiments.core.evidence` reads th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from modnets.experiments.core.discovery import get, list_experiments
-from modnets.experiments.core.evidence import Record, configured, load_record
+from modnets.experiments.core.evidence import MIN_SEEDS, Record, configured, load_record
 from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.report import COLOURS, own_experiments, papers
@@ -68,9 +69,10 @@ def check_against_record(record: Record, results: dict) -> list[SeedCheck]:
     reference = {c["id"]: c["values"] for c in record.results["claim"]["claims"]}
     out = []
     for claim in results["claims"]:
-        values = reference.get(claim["id"]) or []
+        values = [v for v in reference.get(claim["id"]) or [] if math.isfinite(v)]
         if len(claim["values"]) != len(results["seeds"]) or len(values) < 2:
             continue  # not one value per seed (not tested here), or no spread to go by
+        # a non-finite value of this build lies outside any range: a mismatch
         spread = seed_stats(values)["sd"]
         lo, hi = min(values) - spread, max(values) + spread
         by_seed = dict(zip(results["seeds"], claim["values"], strict=True))
@@ -113,8 +115,9 @@ class BookResults:
             f"These are the results of the evidence record: {len(seeds)} claim seeds "
             f"({seeds[0]}..{seeds[-1]}, their number chosen by power), recorded on "
             f"{', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}; chapter 13 sets "
-            f"them beside a replication on as many other seeds. This build trained seed "
-            f"{', '.join(map(str, self.build['seeds']))} again: {agree}."
+            f"them beside a replication on as many other seeds. This build measured seed "
+            f"{', '.join(map(str, self.build['seeds']))} again (trained, or loaded from this "
+            f"machine's checkpoints where it made the record): {agree}."
         )
 
 
@@ -200,7 +203,7 @@ def evidence_status(records: dict, profile: str) -> str:
             where = f"; recorded on {', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}"
         lines.append(
             f"* `{name}`: {plan.n} seeds a set (the most a paper claim needs at the spread of "
-            f"the pilot seeds {plan.pilot_seeds}, within 4..{plan.cap}; plan of "
+            f"the pilot seeds {plan.pilot_seeds}, within {MIN_SEEDS}..{plan.cap}; plan of "
             f"{plan.declared}); claim seeds {done['claim']} of {plan.n}, replication seeds "
             f"{done['replication']} of {plan.n} recorded{where}."
             + ("" if record.complete else f" It goes on with {run}.")
@@ -295,13 +298,11 @@ def record_checks(records: dict, profile: str, folder="_build/results") -> tuple
     checked)."""
     import pandas as pd
 
-    from modnets.experiments.core.results import load_results, results_path
+    from modnets.experiments.core.results import load_results
 
     rows = []
     for name, record in records.items():
         path = build_path(name, profile, folder)  # the seeds its chapter trained again
-        if not path.exists():
-            path = results_path(name, profile, folder)
         if record is None or not record.complete or not path.exists():
             continue
         results = load_results(path)

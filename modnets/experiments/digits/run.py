@@ -184,9 +184,9 @@ def measure(config: DigitsConfig, options: RunOptions) -> Measurement:
 
     ``models["ni" | "vit"]["per_seed"]`` holds each seed's history, validation accuracy and
     K-MNIST accuracies (one per adaptation seed); the NI's also its capacity, dropped-function
-    and anytime accuracies. The summaries beside ``per_seed`` are :func:`harness.seed_stats` over
-    pretraining seeds of each seed's mean (over adaptation seeds, trials or datasets).
-    Each seed runs whole in one of ``options.workers`` processes.
+    and anytime accuracies (:func:`summarise` adds, beside ``per_seed``, each seed's mean over
+    adaptation seeds, trials or datasets summarised over pretraining seeds). Each seed runs
+    whole in one of ``options.workers`` processes.
     """
     workers, show = options.workers or 1, options.show_progress
     # whole rounds side by side; the seeds left over (fewer than the workers) here, every thread

@@ -68,8 +68,8 @@ def _train_seed(
 def measure(config: FuzzyBooleanConfig, options: RunOptions) -> Measurement:
     """Every model at every claim seed (after the routing sweep on its selection seed).
 
-    ``models[key]["per_seed"]`` holds each seed's R^2 per function, history and trainable count;
-    ``models[key]["mean_r2"]`` the mean over functions, summarised over seeds.
+    ``models[key]["per_seed"]`` holds each seed's R^2 per function, its mean over functions,
+    history and trainable count (:func:`summarise` adds the mean over seeds).
     """
     selection = [config.sweep.seed] if config.sweep is not None else list(config.selection_seeds)
     if set(selection) & set(config.seeds):

@@ -57,9 +57,10 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     """Train (or load) both models at every seed and test them on every digit count.
 
     ``models[name]["per_seed"]`` holds each seed's test accuracy per count (``exact``,
-    ``label``), history and parameter count; ``models[name]["test"][count]["exact"]`` the
-    accuracy summarised over seeds. ``diagnostics["per_seed"]`` holds the NFM reads (traced and
-    as a read matrix), the gates ``gamma`` and the out-of-distribution dips of both models.
+    ``label``), history and parameter count (:func:`summarise` adds
+    ``models[name]["test"][count]["exact"]``, the accuracy summarised over seeds).
+    ``diagnostics["per_seed"]`` holds the NFM reads (traced and as a read matrix), the gates
+    ``gamma`` and the out-of-distribution dips of both models.
     The models train in ``options.workers`` processes.
     """
     workers, root, verify = options.workers or 1, options.root, options.verify

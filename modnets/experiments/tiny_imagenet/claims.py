@@ -94,7 +94,7 @@ def mechanisms(nac: list[dict]) -> list[Mechanism]:
         ),
         mechanism(
             "the NAC's modules",
-            "dropping all modules but one",
+            "dropping all mediators but one",
             ABOUT_MODULES,
             top1,
             [point_at(r["drop_random"], ALL_BUT_ONE)["top1"] for r in nac],
@@ -105,8 +105,8 @@ def mechanisms(nac: list[dict]) -> list[Mechanism]:
 def regime(results: dict) -> dict:
     """Whether every seed's NAC and Perceiver IO reached :data:`REGIME_CHANCE_MULTIPLE` times
     chance top-1 and converged (:data:`REGIME_LAST_GAIN`), and every NAC's mean off-diagonal
-    link probability is at most :data:`REGIME_MEAN_P`; and whether the NAC the claims test uses its edges and its modules
-    (:func:`mechanisms`)."""
+    link probability is at most :data:`REGIME_MEAN_P`; and whether the NAC the claims test
+    uses its edges and its modules (:func:`mechanisms`)."""
     m = results["models"]
     classes = results["config"]["train"]["classes"] or 200
     bar = REGIME_CHANCE_MULTIPLE / classes

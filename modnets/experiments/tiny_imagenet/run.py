@@ -148,7 +148,8 @@ def measure(config: TinyImageNetConfig, options: RunOptions) -> Measurement:
 
     ``models[name]["per_seed"]`` holds each seed's accuracy, history, drop / speed (/ edge)
     curves and the accuracy lost at 80 % dropped (``lost_at80``: full − dropped, as a fraction;
-    ``relative_lost_at80``: that over full); ``models[name][key]`` summarises ``key`` over seeds.
+    ``relative_lost_at80``: that over full); :func:`summarise` adds ``models[name][key]``, the
+    summary of ``key`` over seeds.
     The drop curves always include 0 and 0.8, the edge curves 0, 0.9 and 1 (the claims and their
     mechanism checks need them), a NAC's random drop curve 1 (all modules but one).
     The models train in ``options.workers`` processes, each model's :func:`readings` taken where
