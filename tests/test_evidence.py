@@ -37,6 +37,7 @@ def test_seeds_measured_alone_combine_into_the_run_of_those_seeds(name):
     assert _without_provenance(combined) == _without_provenance(whole)
 
 
+@pytest.mark.long
 def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_sets(tmp_path):
     """A toy experiment through the whole evidence run: the plan (written before any claim seed
     ran) takes the seeds the pilot's spread asks for; both sets are disjoint from each other and
@@ -48,6 +49,15 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     plan = record.plan
     assert json.loads((folder / "plan.json").read_text())["n"] == plan.n
     assert evidence.MIN_SEEDS <= plan.n <= evidence.CAP
+    # the plan is what the pilot's records ask for, written before any claim seed
+    pilots = [json.loads((folder / f"seed-{s}.json").read_text()) for s in plan.pilot_seeds]
+    assert evidence.plan_from_pilot(evidence.combine(toy, pilots)).n == plan.n
+    written = (folder / "plan.json").stat().st_mtime_ns
+    assert all(
+        (folder / f"seed-{s}.json").stat().st_mtime_ns > written
+        for name in evidence.SETS
+        for s in plan.seeds[name]
+    )
     assert plan.seeds["claim"] == list(range(plan.n))
     seeds = [*plan.pilot_seeds, *plan.seeds["claim"], *plan.seeds["replication"]]
     assert len(set(seeds)) == len(seeds)

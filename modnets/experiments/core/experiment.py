@@ -13,7 +13,9 @@ An experiment is one package of :mod:`modnets.experiments` whose ``__init__`` ex
 * ``summarise(config, models, diagnostics)``: the summaries over seeds, computed from the
   per-seed entries ``measure`` returned, as a results file holds them (plain JSON): so results
   measured one seed at a time, in other processes or on other machines, combine into the
-  results of their seeds (:mod:`modnets.experiments.core.evidence`);
+  results of their seeds (:mod:`modnets.experiments.core.evidence`). ``config`` is the run's
+  configuration, or the profile's where seed records are combined (before any choice a run
+  makes on its selection seeds), so the summaries read what they need from the entries;
 * ``rules``: the rules that decide its claims (:mod:`modnets.experiments.core.rules` pins them);
 * ``dry_run(config)``: one training step of each model on a tiny batch (the budget and the
   smoke checks use it); ``summary(results)``: the plain-text table the command line prints.
