@@ -39,19 +39,6 @@ TOY = {
         paper_effect=0.0,
         basis="§4 text",
     ),
-    "differ": rl.Rule(
-        id="differ",
-        experiment="toy",
-        kind="paper",
-        text="A and B differ",
-        source="Fig. 1",
-        paper="apart",
-        quantity="A − B",
-        test="!=",
-        threshold=0.0,
-        paper_effect=0.5,
-        basis="Fig. 1",
-    ),
     "down": rl.Rule(
         id="down",
         experiment="toy",
@@ -64,6 +51,8 @@ TOY = {
         threshold=0.1,
     ),
 }
+# "up" as a difference of either sign
+TOY["differ"] = dataclasses.replace(TOY["up"], id="differ", text="A and B differ", test="!=")
 
 
 def test_every_rule_is_logged_with_its_fingerprint():
