@@ -227,8 +227,8 @@ for kind in digits.KINDS:
 # `python -m modnets.experiments.digits --profile cpu --out results.json`.
 
 # %%
-# the evidence record's claim seeds where it is complete (the first trained again here), else
-# the configured seeds (chapter 5 explains the record)
+# the evidence record's claim seeds where it is complete (the first trained again
+# here), else the configured seeds (chapter 5 explains the record)
 book = evidence_report.book_results(digits.EXPERIMENT, PROFILE)
 results, seeds = book.results, book.results["seeds"]
 print("results saved to", save_results(results, results_path(digits.NAME, PROFILE)))

@@ -157,8 +157,8 @@ print("tokens:", tuple(tokens.shape))
 # read-in modules and 256 mediators and drops mediators only.
 
 # %%
-# the evidence record's claim seeds where it is complete (the first trained again here), else
-# the configured seeds (chapter 5 explains the record)
+# the evidence record's claim seeds where it is complete (the first trained again
+# here), else the configured seeds (chapter 5 explains the record)
 book = evidence_report.book_results(ti.EXPERIMENT, PROFILE)
 results, trained_here = book.results, book.build["seeds"]
 save_results(results, results_path(ti.NAME, PROFILE))

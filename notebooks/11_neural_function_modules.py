@@ -460,8 +460,8 @@ plt.tight_layout()
 # canvases are the same for every seed (`data_seed`), so we compare the two models *paired by seed*.
 
 # %%
-# the evidence record's claim seeds where it is complete (the first trained again here), else
-# the configured seeds (chapter 5 explains the record)
+# the evidence record's claim seeds where it is complete (the first trained again
+# here), else the configured seeds (chapter 5 explains the record)
 book = evidence_report.book_results(sm.EXPERIMENT, PROFILE)
 results = book.results
 out_path = save_results(results, results_path(sm.NAME, PROFILE))

@@ -193,8 +193,8 @@ with torch.no_grad():
 # measures.
 
 # %%
-# the evidence record's claim seeds where it is complete (the first trained again here), else
-# the configured seeds (chapter 5 explains the record)
+# the evidence record's claim seeds where it is complete (the first trained again
+# here), else the configured seeds (chapter 5 explains the record)
 book = evidence_report.book_results(sbs.EXPERIMENT, PROFILE)
 results = book.results
 out_path = save_results(results, results_path(sbs.NAME, PROFILE))
