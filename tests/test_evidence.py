@@ -265,3 +265,27 @@ def test_a_chapter_takes_holm_over_its_papers_claims_in_every_complete_record(tm
     assert [c["verdict"] for c in results["claims"]] == ["reproduced"] * 2
     assert [c["verdict_holm"] for c in results["claims"]] == ["inconclusive"] * 2
     assert {c["holm_family"] for c in results["claims"]} == {"Neural Interpreters"}
+
+
+def test_the_measurement_fingerprint_follows_the_code_not_its_words(tmp_path):
+    """Rewording a docstring keeps a record fresh; changing what the code does makes it stale."""
+    import importlib
+    import sys
+
+    from modnets.experiments.core.fingerprints import logic_fingerprint
+
+    code = 'def helper(x):\n    """{doc}"""\n    return x + {k}\n\n\ndef measure(x):\n    return helper(x)\n'
+
+    def fingerprint(folder: str, doc: str, k: int) -> str:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "toy_measure.py").write_text(code.format(doc=doc, k=k))
+        sys.path.insert(0, str(tmp_path / folder))
+        try:
+            return logic_fingerprint(importlib.import_module("toy_measure").measure)
+        finally:
+            sys.path.remove(str(tmp_path / folder))
+            sys.modules.pop("toy_measure")
+
+    base = fingerprint("a", "adds one", 1)
+    assert fingerprint("b", "adds 1 to x", 1) == base  # the words changed
+    assert fingerprint("c", "adds one", 2) != base  # what it does changed

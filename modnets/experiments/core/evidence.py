@@ -37,7 +37,7 @@ from pathlib import Path
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import paper_distance, seeds_needed
 from modnets.experiments.core.experiment import Experiment, Measurement, decided
-from modnets.experiments.core.fingerprints import code_fingerprint, plain
+from modnets.experiments.core.fingerprints import code_fingerprint, logic_fingerprint, plain
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.rules import get_rule
 from modnets.experiments.core.stats import seed_stats
@@ -178,9 +178,9 @@ def configured(experiment: Experiment, profile: str, seeds: Sequence[int]):
 
 def measurement_fingerprint(experiment: Experiment) -> str:
     """A hash of the code that measures the trained models: ``measure`` and ``summarise`` with
-    the helpers of their modules they name (the provenance's ``code_fingerprint`` covers the
-    code the models train with)."""
-    return code_fingerprint(experiment.measure, experiment.summarise)
+    the helpers of their package they name, without their docstrings (the provenance's
+    ``code_fingerprint`` covers the code the models train with)."""
+    return logic_fingerprint(experiment.measure, experiment.summarise)
 
 
 def measure_seed(

@@ -139,6 +139,28 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
     return h.hexdigest()[:16]
 
 
+def logic_fingerprint(*fns: Callable) -> str:
+    """A hash of what functions do: each with the helpers :func:`code_fingerprint` hashes with
+    it, by its syntax tree without docstrings or comments, so that rewording them keeps it."""
+    h = hashlib.sha256()
+    for fn in fns:
+        for f in _referenced(fn):
+            tree = ast.parse(textwrap.dedent(_source(f)[0]))
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if (
+                    isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+                    and body
+                    and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)
+                ):
+                    node.body = body[1:] or [ast.Pass()]
+            h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
+            h.update(ast.dump(tree).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def data_fingerprint(*paths: str | os.PathLike) -> str:
     """A hash of the data files read: each file's path (relative to what was given) and size;
     a folder stands for every file below it. A missing path hashes as missing, so a checkpoint
