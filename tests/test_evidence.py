@@ -196,6 +196,10 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     assert e.decided == "undecided" and e.note.startswith("the pilot gave no number")
     assert not a.smaller  # 0.06 against the paper's 0.0655: consistent
     small = [0.01, 0.012, 0.011, 0.013]
+    sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: up}, {cid: down})})
+    assert (
+        "is open (reproduced on the claim seeds and not reproduced on the replication" in sentence
+    )
     (d,) = evidence.agreements([_record({cid: small})], "NI")
     assert d.decided == "reproduced" and d.smaller
     sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: small})})

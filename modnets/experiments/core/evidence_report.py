@@ -262,7 +262,8 @@ def evidence_sentence(records: dict) -> str:
             if by.get(verdict):
                 parts.append(f"both find {_ids([a.id for a in by[verdict]])} {verdict}")
         for a in by.get("undecided", []):
-            parts.append(f"{_ids([a.id])} is open: {a.note}")
+            gave = " and ".join(f"{a.verdicts[k]} on the {k} seeds" for k in a.verdicts)
+            parts.append(f"{_ids([a.id])} is open ({gave}): {a.note}")
         tested = ", ".join(f"`{r.plan.experiment}` ({r.plan.n} seeds a set)" for r in complete)
         lines.append(f"**{paper}** ({tested}): " + "; ".join(parts) + ".")
     if not lines:
