@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from modnets.experiments.core import evidence
+from modnets.experiments.core import evidence, evidence_report
 from modnets.experiments.core.discovery import get, list_experiments
 from modnets.experiments.core.options import RunOptions
 
@@ -44,20 +44,6 @@ def format_record(record: evidence.Record, others: list[evidence.Record] = ()) -
     return "\n".join(lines)
 
 
-def _paper_records(experiment, profile: str, root) -> list[evidence.Record]:
-    """The complete records of the other experiments that test ``experiment``'s paper."""
-    out = []
-    for name in list_experiments():
-        other = get(name)
-        if name == experiment.name or not experiment.paper or other.paper != experiment.paper:
-            continue
-        try:
-            out.append(evidence.load_record(other, profile, root))
-        except FileNotFoundError:
-            continue
-    return [r for r in out if r.complete]
-
-
 def main(argv: list[str] | None = None) -> None:
     names = list_experiments()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -82,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"\nstopped: the seeds recorded so far are kept; run the same command to go on "
                 f"({evidence.record_folder(name, args.profile, args.records)})"
             )
-        others = _paper_records(experiment, args.profile, args.records)
+        others = evidence_report.paper_records(experiment, args.profile, args.records)
         print(format_record(record, others), flush=True)
 
 

@@ -293,3 +293,16 @@ def test_the_measurement_fingerprint_follows_the_code_not_its_words(tmp_path):
     base = fingerprint("a", "adds one", 1)
     assert fingerprint("b", "adds 1 to x", 1) == base  # the words changed
     assert fingerprint("c", "adds one", 2) != base  # what it does changed
+
+
+def test_a_papers_other_complete_records_are_found_and_no_others(tmp_path):
+    """The records a paper's Holm family pools: the complete ones of the paper's other
+    experiments (the committed fuzzy Booleans record, copied here), not its own nor another
+    paper's."""
+    import shutil
+
+    shutil.copytree(evidence.record_folder("fuzzy_boolean", "cpu"), tmp_path / "cpu/fuzzy_boolean")
+    found = evidence_report.paper_records(get("digits"), "cpu", tmp_path)
+    assert [r.plan.experiment for r in found] == ["fuzzy_boolean"]
+    assert evidence_report.paper_records(get("fuzzy_boolean"), "cpu", tmp_path) == []
+    assert evidence_report.paper_records(get("tiny_imagenet"), "cpu", tmp_path) == []

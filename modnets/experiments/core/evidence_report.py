@@ -33,6 +33,7 @@ __all__ = [
     "evidence_table",
     "record_checks",
     "build_path",
+    "paper_records",
 ]
 
 
@@ -147,6 +148,21 @@ def book_results(
     return BookResults(recorded, True, build, check_against_record(record, build))
 
 
+def paper_records(experiment: Experiment, profile: str, root=None) -> list[Record]:
+    """The complete records of the other experiments that test ``experiment``'s paper."""
+    out = []
+    for name in papers().get(experiment.paper, ()) if experiment.paper else ():
+        if name == experiment.name:
+            continue
+        try:
+            record = load_record(get(name), profile, root)
+        except FileNotFoundError:
+            continue
+        if record.complete:
+            out.append(record)
+    return out
+
+
 def _holm_over_paper(experiment: Experiment, record: Record, profile: str, root) -> dict:
     """The record's claim set with Holm's correction over its paper's claims in every complete
     record of that paper (the family chapter 13 takes), so a verdict reads the same in every
@@ -156,14 +172,8 @@ def _holm_over_paper(experiment: Experiment, record: Record, profile: str, root)
     results = record.results["claim"]
     if not experiment.paper:
         return results
-    claims = []
-    for name in papers()[experiment.paper]:
-        try:
-            other = record if name == experiment.name else load_record(get(name), profile, root)
-        except FileNotFoundError:
-            continue
-        if other.complete:
-            claims += [Claim(**c) for c in other.results["claim"]["claims"]]
+    records = [record, *paper_records(experiment, profile, root)]
+    claims = [Claim(**c) for r in records for c in r.results["claim"]["claims"]]
     ours = {c["id"] for c in results["claims"]}
     family = {c.id: c.as_dict() for c in holm(claims, experiment.paper) if c.id in ours}
     return {**results, "claims": [family[c["id"]] for c in results["claims"]]}
