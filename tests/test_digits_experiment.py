@@ -425,6 +425,13 @@ def test_claims_compute_every_verdict_from_made_up_results():
     # models that never learned MNIST: outside NI §4.2's regime, nothing decided
     weak = _made_up(**{**_REPRODUCED, "mnist": 0.7})
     assert {c.verdict for c in digits.claims(weak)} == {"not testable here"}
+    # every pretraining dataset has its bar: MNIST mastered is not enough when MNIST-M, the
+    # harder one, sits below halfway from chance to perfect on one seed
+    unlearned = _made_up(**{**_REPRODUCED, "ni_val": [0.90, 0.50, 0.92], "mnist": 1.0})
+    assert digits.REGIME_BARS["mnist_m"] == pytest.approx(0.55)
+    shortfall = digits.regime(unlearned)["shortfall"]
+    assert "NI MNIST-M validation" in shortfall and "MNIST validation" not in shortfall
+    assert {c.verdict for c in digits.claims(unlearned)} == {"not testable here"}
     with_svhn = {
         **reproduced,
         "config": {**reproduced["config"], "train": {"datasets": ["svhn", "mnist_m", "mnist"]}},

@@ -42,6 +42,7 @@ from modnets.experiments.digits.analysis import (
     selection_split,
 )
 from modnets.experiments.digits.claims import (
+    REGIME_BARS,
     REGIME_MNIST,
     claims,
     drop_mean,
@@ -110,6 +111,7 @@ __all__ = [
     "NAME",
     "PAPER",
     "Preprocess",
+    "REGIME_BARS",
     "REGIME_MNIST",
     "REGISTERED",
     "RULES",

@@ -27,10 +27,13 @@ def lookup(d: dict, key) -> object:
     return d[str(key)] if str(key) in d else d[key]
 
 
-#: The regime NI §4.2's claims presuppose: both models learn the pretraining tasks (the paper
-#: reports them "almost identical" on validation, within 0.2 %); functions that were never
-#: learned have nothing to be reused for. MNIST is the task both must master.
+#: The regime NI §4.2's claims presuppose: both models learn every pretraining dataset (the paper
+#: reports them "almost identical" on validation, within 0.2 %, on all of them); functions that
+#: were never learned have nothing to be reused for. MNIST, the easy one, must be mastered; the
+#: harder ones must be learned, at least halfway from chance (10 classes) to perfect.
 REGIME_MNIST = 0.95
+REGIME_LEARNED = (1 + 1 / 10) / 2
+REGIME_BARS = {"mnist": REGIME_MNIST, "mnist_m": REGIME_LEARNED, "svhn": REGIME_LEARNED}
 
 
 #: The claims about the NI's functions (reusing, adding, removing them, routing among them):
@@ -58,17 +61,24 @@ def functions_used(ni: list[dict]) -> Mechanism:
 
 
 def regime(results: dict) -> dict:
-    """Whether the NI and the ViT reached :data:`REGIME_MNIST` MNIST validation accuracy on every
-    seed (the worst seed of each), and whether the NI uses its functions
-    (:func:`functions_used`)."""
+    """Whether the NI and the ViT reached each pretraining dataset's bar (:data:`REGIME_BARS`)
+    in validation accuracy on every seed (the worst seed of each), and whether the NI uses its
+    functions (:func:`functions_used`)."""
     m = results["models"]
-    worst = {k: min(r["val_acc"]["mnist"] for r in m[k]["per_seed"]) for k in ("ni", "vit")}
+    datasets = [d for d in REGIME_BARS if d in m["ni"]["per_seed"][0]["val_acc"]]
+    checks = {
+        f"{MODEL_NAMES[k]} {DATASET_NAMES[d]} validation, worst seed": (
+            min(r["val_acc"][d] for r in m[k]["per_seed"]),
+            REGIME_BARS[d],
+            ">=",
+        )
+        for k in ("ni", "vit")
+        for d in datasets
+    }
+    bars = ", ".join(f"{DATASET_NAMES[d]} ≥ {REGIME_BARS[d]:.0%}" for d in datasets)
     return harness.regime(
-        f"MNIST validation accuracy ≥ {REGIME_MNIST:.0%} for the NI and the ViT on every seed",
-        {
-            f"{MODEL_NAMES[k]} MNIST validation, worst seed": (v, REGIME_MNIST, ">=")
-            for k, v in worst.items()
-        },
+        f"validation accuracy {bars} for the NI and the ViT on every seed",
+        checks,
         mechanisms=[functions_used(m["ni"]["per_seed"])],
     )
 
