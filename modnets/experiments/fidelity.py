@@ -16,9 +16,7 @@ writes ``bench/recorded/fidelity_tiny_imagenet_<profile>.json``.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +26,12 @@ from scipy import stats
 from modnets import diagnostics, parallel
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
+from modnets.experiments.core.cli import record_arguments
 from modnets.experiments.core.options import RunOptions
+from modnets.experiments.core.results import save_results
 from modnets.models.nac import KERNEL_REGIMES
-from modnets.profiles import PROFILES, get_profile, select
-from modnets.utils import atomic_file, default_device
+from modnets.profiles import get_profile, select
+from modnets.utils import default_device
 
 #: What each variant changes in chapter 10's NAC: nothing (modnets' default); the public Tiny-ImageNet
 #: run's kernel; that kernel with the public run's prior loss too (a mean over all U² pairs, summed
@@ -117,16 +117,11 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = record_arguments(__doc__, argv)
     profile = get_profile(args.profile)
     path = args.out or Path("bench/recorded") / f"fidelity_tiny_imagenet_{profile}.json"
     result = compare(profile, workers=args.workers)
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(result, indent=1))
+    save_results(result, path)
     for variant, diffs in result["minus_default"].items():
         for key, d in diffs.items():
             print(

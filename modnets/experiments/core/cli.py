@@ -24,7 +24,7 @@ from modnets.experiments.core.rules import unlogged
 from modnets.profiles import PROFILES
 from modnets.training import checkpoint_dir
 
-__all__ = ["experiment_main", "main", "format_claims"]
+__all__ = ["experiment_main", "main", "format_claims", "record_arguments"]
 
 
 def format_claims(results: dict) -> str:
@@ -37,6 +37,17 @@ def format_claims(results: dict) -> str:
             f"paper {c['paper']}{reason}"
         )
     return "\n".join(lines)
+
+
+def record_arguments(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """``--profile``, ``--workers`` and ``--out``: the command line of a measurement made once and
+    recorded (a selection of learning rates, a fidelity comparison), described by ``doc``'s first
+    paragraph."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--profile", choices=PROFILES, default=None)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the record here")
+    return parser.parse_args(argv)
 
 
 def _unwritable(folder: Path) -> str | None:

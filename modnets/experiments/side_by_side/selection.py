@@ -8,20 +8,19 @@ chosen rates (a test keeps the two equal).
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from modnets.experiments.core import harness
+from modnets.experiments.core.cli import record_arguments
 from modnets.experiments.core.options import RunOptions
+from modnets.experiments.core.results import save_results
 from modnets.experiments.side_by_side.config import CONFIGS, MODEL_NAMES, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
 from modnets.experiments.side_by_side.rates import select_rates
-from modnets.profiles import PROFILES, get_profile, select
-from modnets.utils import atomic_file, default_device
+from modnets.profiles import get_profile, select
+from modnets.utils import default_device
 
 
 def selection(profile: str | None = None, workers: int | None = None, show_progress=True) -> dict:
@@ -49,15 +48,9 @@ def selection(profile: str | None = None, workers: int | None = None, show_progr
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default=None)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = record_arguments(__doc__, argv)
     result = selection(args.profile, args.workers)
-    path = args.out or recorded_path(result["profile"])
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(result, indent=1))
+    path = save_results(result, args.out or recorded_path(result["profile"]))
     for kind, lr in result["learning_rates"].items():
         print(
             f"{MODEL_NAMES[kind]}: lr {lr:g}  (validation exact-match {result['val_exact'][MODEL_NAMES[kind]]})"
