@@ -492,10 +492,13 @@ display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 # * **Speed-up.** The paper measures on an A100 with 320 modules; with 64 modules on a CPU, the
 #   tokeniser and read-out are a larger fixed share of the cost, which bounds the speed-up from
 #   dropping (the tokeniser's share is printed above the Fig. 5b plot), so the paper's ~8x
-#   cannot be tested here. Chapter 12 measures the scaling at larger sizes.
+#   cannot be tested here, nor App. F's comparison at a fifth of the NAC's FLOPs: at `cpu`,
+#   dropping all modules but one cuts them about 4x. Chapter 12 measures the scaling at larger
+#   sizes.
 # * **Augmentation.** `cpu` uses random resized crops and flips; `gpu` adds RandAugment, and mixes
 #   every batch (MixUp or CutMix, half the time each) as the paper's pipeline does.
-# * **Priors.** `cpu` trains only the scale-free NAC; `gpu` trains all four priors of Table 1.
+# * **Priors.** `cpu` trains only the scale-free NAC; `gpu` trains all four priors of Table 1,
+#   among them the ring-of-cliques NAC that App. F's comparison is about.
 # * **Module roles.** `cpu` has no separate read-in modules, so dropping 80 % of the modules also
 #   removes read-in capacity: a harsher test than the paper's, which most likely drops mediators
 #   only (`gpu` does).

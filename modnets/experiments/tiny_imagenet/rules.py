@@ -28,7 +28,7 @@ RULES = declare(
             "'roughly the same amount of FLOPs'",
             source="NAC App. F, Fig. 15",
             paper="5.3 − ~1 = 4.3 pts (ring-of-cliques prior)",
-            quantity="Perceiver IO − NAC top-1 lost at the NAC's FLOPs / 5 (or the largest common cut)",
+            quantity="Perceiver IO − NAC (ring of cliques) top-1 lost at the NAC's FLOPs / 5",
             test=">",
             threshold=0.0,
             paper_effect=0.053 - 0.01,
