@@ -624,6 +624,45 @@ def test_the_summary_plot_counts_each_paper_s_claims_by_holm_verdict():
     assert "2 of the 4 claims of A" in sentence and "(1 of them with an effect smaller" in sentence
 
 
+def test_the_forest_plot_turns_each_claim_toward_what_it_claims():
+    """A one-sided claim is measured beyond its threshold in its own direction, a two-sided one
+    (``!=``) in the direction its mean lies, each in units of the paper's effect: a claim whose
+    mean equals the paper's effect sits at 1, whatever its test or sign."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    def claim(cid, test, values, paper_effect):
+        return {
+            "id": cid,
+            "kind": "paper",
+            "test": test,
+            "threshold": 0.0,
+            "values": values,
+            "interval": [min(values), max(values)],
+            "paper_effect": paper_effect,
+            "mde": 0.005,
+            "verdict": "reproduced",
+            "verdict_holm": "reproduced",
+        }
+
+    claims = [
+        claim("up", ">", [0.01, 0.03], 0.02),
+        claim("down", "<", [-0.01, -0.03], -0.02),
+        claim("either, below", "!=", [-0.01, -0.03], 0.02),
+        claim("either, above", "!=", [0.01, 0.03], -0.02),
+    ]
+    ax = report.forest_plot(claims)
+    means = [line.get_xdata()[0] for line in ax.lines if line.get_marker() == "o"]
+    papers = [line.get_xdata()[0] for line in ax.lines if line.get_marker() == "D"]
+    intervals = [sorted(line.get_xdata()) for line in ax.lines if line.get_linewidth() == 2.5]
+    ticks = [sorted(line.get_xdata()) for line in ax.lines if line.get_marker() == "|"]
+    assert means == pytest.approx([1.0] * 4) and papers == pytest.approx([1.0] * 4)
+    assert intervals == [pytest.approx([0.5, 1.5])] * 4
+    # the mde: one tick on the claimed side; both sides for a two-sided claim
+    assert ticks == [[0.25], [0.25], [-0.25, 0.25], [-0.25, 0.25]]
+
+
 def test_results_and_checkpoints_get_the_permissions_of_a_new_file(tmp_path):
     from modnets.data.tiny_imagenet_cache import write_cache
     from modnets.experiments.core.results import save_results

@@ -299,7 +299,7 @@ def _unit(c: dict) -> float:
         return thr
     pe = c.get("paper_effect")
     if pe is not None:
-        d = (pe - thr) * (-1 if test == "<" else 1)
+        d = abs(pe - thr) if test == "!=" else (pe - thr) * (-1 if test == "<" else 1)
         if d > 0:
             return d
     return c.get("mde") or 1.0
@@ -309,7 +309,8 @@ def forest_plot(claims, kind: str = "paper", ax=None):
     """Per claim of ``kind`` with an interval: ours (the mean with its 95 % interval), the
     threshold at 0, the paper's effect at 1 (a diamond) and the mde (a tick: the smallest effect
     the seeds detect), each claim measured beyond its threshold in the direction it claims, in
-    units of the paper's effect (an equivalence: of its margin, around 0)."""
+    units of the paper's effect (an equivalence: of its margin, around 0; a two-sided claim,
+    ``!=``: in the direction its mean lies, the paper's effect being a size whatever its sign)."""
     import matplotlib.pyplot as plt
 
     cs = [c for c in _as_dicts(claims) if c.get("kind") == kind and c.get("interval")]
@@ -317,28 +318,27 @@ def forest_plot(claims, kind: str = "paper", ax=None):
         _, ax = plt.subplots(figsize=(7.5, 0.45 * max(len(cs), 2) + 1.2))
     for i, c in enumerate(cs):
         thr, test, unit = c.get("threshold") or 0.0, c.get("test"), _unit(c)
+        mean = sum(c["values"]) / len(c["values"])
         sign, shift = (1, 0.0) if test == "equivalent" else (-1 if test == "<" else 1, thr)
+        if test == "!=":
+            sign = 1 if mean >= thr else -1
 
         def at(x, sign=sign, shift=shift, unit=unit):
             return sign * (x - shift) / unit
 
-        mean = sum(c["values"]) / len(c["values"])
         colour = {"reproduced": "tab:green", "not reproduced": "tab:red"}.get(c["verdict"], "0.5")
         ax.plot(sorted(at(x) for x in c["interval"]), [i, i], color=colour, lw=2.5)
         ax.plot(at(mean), i, "o", color=colour)
-        if c.get("paper_effect") is not None:
-            ax.plot(at(c["paper_effect"]), i, "D", color="tab:blue", ms=7, mfc="none")
+        pe = c.get("paper_effect")
+        if pe is not None:
+            pe_at = abs(pe - thr) / unit if test == "!=" else at(pe)
+            ax.plot(pe_at, i, "D", color="tab:blue", ms=7, mfc="none")
         if test == "equivalent":
             ax.plot([-1, 1], [i, i], ":", color="tab:blue")
         if c.get("mde"):
             m = c["mde"] / unit
-            ax.plot(
-                [-m, m] if test == "equivalent" else [m],
-                [i] * (2 if test == "equivalent" else 1),
-                "|",
-                color="k",
-                ms=12,
-            )
+            ticks = [-m, m] if test in ("equivalent", "!=") else [m]
+            ax.plot(ticks, [i] * len(ticks), "|", color="k", ms=12)
     ax.axvline(0, color="k", lw=0.8)
     labels = [f"{c['id']} ({c['verdict_holm'] or c['verdict']})" for c in cs]
     ax.set_yticks(range(len(cs)), labels, fontsize=8)
