@@ -12,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from modnets.experiments.core import evidence, evidence_report
+from modnets.experiments.core import evidence, evidence_report, renewal
 from modnets.experiments.core.discovery import get, list_experiments
 from modnets.experiments.core.options import RunOptions
 
-__all__ = ["main", "format_record"]
+__all__ = ["main", "format_record", "format_renewal"]
 
 
 def format_record(record: evidence.Record, others: list[evidence.Record] = ()) -> str:
@@ -44,6 +44,22 @@ def format_record(record: evidence.Record, others: list[evidence.Record] = ()) -
     return "\n".join(lines)
 
 
+def format_renewal(done: renewal.Renewal) -> str:
+    """What a renewal did, in a line."""
+    if done.witness is None:
+        return f"{done.experiment}: every record stands"
+    if done.equal:
+        kept = f"; {len(done.removed)} made elsewhere left to measure again" if done.removed else ""
+        return (
+            f"{done.experiment}: seed {done.witness}, measured again, equals its record: "
+            f"{len(done.stamped)} stale records stamped with the code as it is{kept}"
+        )
+    return (
+        f"{done.experiment}: seed {done.witness}, measured again, differs from its record: "
+        f"its new record stands, {len(done.removed)} stale records left to measure again"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     names = list_experiments()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,16 +68,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=Path, default=None, help="the records' folder")
     parser.add_argument("--workers", type=int, default=None, help="processes within a seed")
     parser.add_argument(
-        "--renew", action="store_true", help="measure again the seeds whose records are stale"
+        "--renew",
+        action="store_true",
+        help="make stale records stand: stamped if a witness seed measures as before, else measured again",
     )
     args = parser.parse_args(argv)
     options = RunOptions(workers=args.workers)
     for name in args.experiments:
         experiment = get(name)
-        if args.renew:
-            for problem in evidence.problems([experiment], args.records, args.profile):
-                problem.path.unlink()
         try:
+            if args.renew:
+                print(
+                    format_renewal(
+                        renewal.renew(experiment, args.profile, options, root=args.records)
+                    )
+                )
             record = evidence.evidence(experiment, args.profile, options, root=args.records)
         except KeyboardInterrupt:
             sys.exit(

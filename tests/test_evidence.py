@@ -8,7 +8,7 @@ import json
 import pytest
 from smoke_checks import DATA, missing_data, without_times
 
-from modnets.experiments.core import evidence, evidence_report
+from modnets.experiments.core import evidence, evidence_report, renewal
 from modnets.experiments.core.claims import seeds_needed
 from modnets.experiments.core.discovery import get, list_experiments
 from modnets.experiments.core.options import RunOptions
@@ -73,7 +73,7 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == mtimes
     assert evidence.agreements([again], "NI") == found
     assert "n = " in format_record(again)
-    assert evidence.problems([toy], tmp_path) == []
+    assert renewal.problems([toy], tmp_path) == []
 
     # an edited number breaks the seal; a record from other code is stale: both named, with the
     # command that renews them
@@ -84,23 +84,47 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     other = folder / f"seed-{plan.seeds['replication'][0]}.json"
     data = json.loads(other.read_text())
     data["provenance"]["code_fingerprint"] = "0" * 16
-    data["seal"] = evidence._seal(data)
+    data["seal"] = evidence.seal(data)
     other.write_text(json.dumps(data))
     plan_file = folder / "plan.json"
     plan_text = plan_file.read_text()
     edited_plan = {**json.loads(plan_text), "pilot_seeds": [900, 901]}  # edited after the fact
     plan_file.write_text(json.dumps(edited_plan))
-    found = evidence.problems([toy], tmp_path)
+    found = renewal.problems([toy], tmp_path)
     assert [p.path for p in found] == [plan_file, path, other]  # the plan, then by file name
     assert all("--renew" in p.command and p.command in str(p) for p in found)
     assert "seal" in found[0].reason and "seal" in found[1].reason
     assert "training code" in found[2].reason and "stale" in found[2].reason
-    assert evidence.problems([toy], tmp_path, profile="cpu") == []  # another profile's folder
+    assert renewal.problems([toy], tmp_path, profile="cpu") == []  # another profile's folder
     plan_file.write_text(plan_text)
     with pytest.raises(ValueError, match="seal"):
         evidence.load_record(toy, "smoke", tmp_path)
     main(["--profile", "smoke", "--experiments", toy.name, "--records", str(tmp_path), "--renew"])
-    assert evidence.problems([toy], tmp_path) == []
+    assert renewal.problems([toy], tmp_path) == []
+    # the edited record was measured again; the stale one, measured again as the witness, gave
+    # what it says: it is stamped with the code as it is, the old fingerprint kept
+    rep = plan.seeds["replication"]
+    (renewed,) = json.loads(other.read_text())["provenance"]["renewed"]
+    assert renewed["code_fingerprint"] == "0" * 16 and renewed["witness"] == rep[0]
+    before = evidence.load_record(toy, "smoke", tmp_path)
+
+    # stale records whose witness measures otherwise: its new record replaces its old one, and
+    # the other stale records are measured again
+    for s in rep[:2]:
+        f = folder / f"seed-{s}.json"
+        data = json.loads(f.read_text())
+        data["provenance"]["code_fingerprint"] = "1" * 16
+        if s == rep[0]:
+            data["models"]["pretrain"]["per_seed"][0]["mean_r2"] += 0.01
+        data["seal"] = evidence.seal(data)
+        f.write_text(json.dumps(data))
+    done = renewal.renew(toy, "smoke", QUIET, root=tmp_path)
+    assert (done.witness, done.equal, done.stamped, done.removed) == (rep[0], False, [], [rep[1]])
+    assert not (folder / f"seed-{rep[1]}.json").exists()
+    after = evidence.evidence(toy, "smoke", QUIET, root=tmp_path)
+    for name in evidence.SETS:
+        assert _without_provenance(after.results[name]) == _without_provenance(before.results[name])
+    assert renewal.problems([toy], tmp_path) == []
 
     # a chapter shows the complete record's claim seeds and trains the first again, checked
     book = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path)
@@ -222,7 +246,7 @@ def test_the_build_check_flags_a_seed_outside_the_records_range():
 def test_the_committed_records_stand():
     """Every committed seed record is sealed and made with the code as it is now: a stale or
     edited record fails here, naming the command that renews it."""
-    found = evidence.problems([get(n) for n in list_experiments()])
+    found = renewal.problems([get(n) for n in list_experiments()])
     assert not found, "\n".join(map(str, found))
 
 

@@ -19,7 +19,7 @@ one. An evidence run (``python -m modnets.reproduce``) goes, per experiment and 
 
 A seed record is sealed (a hash of its content), so an edited number is caught; a record whose
 code fingerprint is not the code's any more is stale (:func:`problems` names both, with the
-command that renews them).
+command that renews them: :mod:`modnets.experiments.core.renewal`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import paper_distance, seeds_needed
 from modnets.experiments.core.experiment import Experiment, Measurement, decided
-from modnets.experiments.core.fingerprints import code_fingerprint, logic_fingerprint, plain
+from modnets.experiments.core.fingerprints import logic_fingerprint, plain
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.rules import get_rule
 from modnets.experiments.core.stats import seed_stats
@@ -64,8 +64,10 @@ __all__ = [
     "plan_from_pilot",
     "evidence",
     "load_record",
-    "Problem",
-    "problems",
+    "read_plan",
+    "read_seed",
+    "seal",
+    "seed_path",
 ]
 
 #: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
@@ -148,7 +150,7 @@ def record_folder(experiment: str, profile: str, root: str | Path | None = None)
     return Path(RECORDS if root is None else root) / profile / experiment
 
 
-def _seed_path(folder: Path, seed: int) -> Path:
+def seed_path(folder: Path, seed: int) -> Path:
     return folder / f"seed-{seed}.json"
 
 
@@ -165,7 +167,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _seal(content: dict) -> str:
+def seal(content: dict) -> str:
     """The hash of a record's content (everything but the seal)."""
     text = json.dumps({k: v for k, v in content.items() if k != "seal"}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -211,20 +213,20 @@ def measure_seed(
         "provenance": provenance,
     }
     out = json.loads(json.dumps(out, allow_nan=True))
-    return {**out, "seal": _seal(out)}
+    return {**out, "seal": seal(out)}
 
 
-def _load_plan(path: Path) -> Plan:
+def read_plan(path: Path) -> Plan:
     """The plan at ``path``, its seal checked: a plan is fixed before its seeds run."""
     content = json.loads(path.read_text())
-    if content.get("seal") != _seal(content):
+    if content.get("seal") != seal(content):
         raise ValueError(f"{path}: its content does not match its seal (edited after it was made)")
     return Plan(**{k: v for k, v in content.items() if k != "seal"})
 
 
-def _load_seed(path: Path) -> dict:
+def read_seed(path: Path) -> dict:
     record = json.loads(path.read_text())
-    if record.get("seal") != _seal(record):
+    if record.get("seal") != seal(record):
         raise ValueError(f"{path}: its content does not match its seal (edited after it was made)")
     return record
 
@@ -322,15 +324,15 @@ def plan_from_pilot(pilot: dict, *, cap: int = CAP, min_seeds: int = MIN_SEEDS) 
 
 def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
-    todo = [s for s in seeds if not _seed_path(folder, s).exists()]
+    todo = [s for s in seeds if not seed_path(folder, s).exists()]
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
     for seed in todo:
         record = measure_seed(experiment, profile, seed, options.quiet())
-        with atomic_file(_seed_path(folder, seed)) as tmp:
+        with atomic_file(seed_path(folder, seed)) as tmp:
             tmp.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
         bar.update(1)
     bar.close()
-    return [_load_seed(_seed_path(folder, s)) for s in seeds]
+    return [read_seed(seed_path(folder, s)) for s in seeds]
 
 
 def evidence(
@@ -353,8 +355,8 @@ def evidence(
         pilot = combine(experiment, pilots)
         plan = dataclasses.asdict(plan_from_pilot(pilot))
         with atomic_file(plan_path) as tmp:
-            tmp.write_text(json.dumps({**plan, "seal": _seal(plan)}, indent=1) + "\n")
-    plan = _load_plan(plan_path)
+            tmp.write_text(json.dumps({**plan, "seal": seal(plan)}, indent=1) + "\n")
+    plan = read_plan(plan_path)
     for name in SETS:
         seeds = plan.seeds[name]
         _ensure(experiment, profile, seeds, folder=folder, options=options, desc=f"{name} seeds")
@@ -402,63 +404,11 @@ def load_record(experiment: Experiment, profile: str, root: str | Path | None = 
             f"no evidence record for {experiment.name} at {profile} in {folder}: "
             f"python -m modnets.reproduce --profile {profile} --experiments {experiment.name}"
         )
-    plan = _load_plan(plan_path)
+    plan = read_plan(plan_path)
     results, missing = {}, {}
     for name in SETS:
         seeds = plan.seeds[name]
-        missing[name] = [s for s in seeds if not _seed_path(folder, s).exists()]
-        records = [_load_seed(_seed_path(folder, s)) for s in seeds if s not in missing[name]]
+        missing[name] = [s for s in seeds if not seed_path(folder, s).exists()]
+        records = [read_seed(seed_path(folder, s)) for s in seeds if s not in missing[name]]
         results[name] = None if missing[name] else combine(experiment, records)
     return Record(plan, results, missing)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A seed record that does not stand: ``path``, ``reason`` and the ``command`` that renews
-    it."""
-
-    path: Path
-    reason: str
-    command: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}; renew it: {self.command}"
-
-
-def problems(
-    experiments: Sequence[Experiment], root: str | Path | None = None, profile: str = "*"
-) -> list[Problem]:
-    """What is wrong with the committed records of ``experiments`` (at ``profile``; ``"*"``:
-    every profile): a plan or a seed record edited after it was made, or a seed record made by
-    code that is not the code any more, the training code or the measurement code (stale).
-    Empty: every record stands."""
-    edited = "its content does not match its seal (edited after it was made)"
-    out = []
-    for experiment in experiments:
-        train = code_fingerprint(*experiment.code) if experiment.code else None
-        measurement = measurement_fingerprint(experiment)
-        folders = Path(RECORDS if root is None else root).glob(f"{profile}/{experiment.name}/")
-        for path in sorted(folders):
-            renew = (
-                f"python -m modnets.reproduce --profile {path.parent.name} "
-                f"--experiments {experiment.name} --renew"
-            )
-            if (path / "plan.json").exists():
-                try:
-                    _load_plan(path / "plan.json")
-                except ValueError:
-                    out.append(Problem(path / "plan.json", edited, renew))
-            for seed_file in sorted(path.glob("seed-*.json")):
-                try:
-                    made = _load_seed(seed_file)["provenance"]
-                except ValueError:
-                    out.append(Problem(seed_file, edited, renew))
-                    continue
-                for what, now, then in (
-                    ("training code", train, made["code_fingerprint"]),
-                    ("measurement code", measurement, made.get("measurement_fingerprint")),
-                ):
-                    if now is not None and then != now:
-                        reason = f"made with {what} {then}, the code is now {now} (stale)"
-                        out.append(Problem(seed_file, reason, renew))
-    return out
