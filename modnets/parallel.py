@@ -32,10 +32,10 @@ from modnets.utils import progress
 
 __all__ = ["default_workers", "keep_workers", "map_tasks"]
 
-#: Inside :func:`keep_workers`: whether a block is open, and the pool it keeps (with its size)
-#: between calls of :func:`map_tasks`.
+#: Inside :func:`keep_workers`: whether a block is open, and the pool it keeps (with its size
+#: and its stop event) between calls of :func:`map_tasks`.
 _keeping = False
-_kept: tuple[int, ProcessPoolExecutor] | None = None
+_kept: tuple[int, ProcessPoolExecutor, object] | None = None
 
 
 def default_workers(device: torch.device | str | None = None) -> int:
@@ -51,15 +51,17 @@ def default_workers(device: torch.device | str | None = None) -> int:
     return os.cpu_count() or 1
 
 
-#: In a worker: whether a task is running (Ctrl-C stops it), its parent process, and whether the
-#: process that started the pool has ended.
+#: In a worker: whether a task is running (Ctrl-C stops it), its parent process, whether the
+#: process that started the pool has ended, and the pool's stop event (set on Ctrl-C).
 _busy = False
 _parent = None
 _main_gone = False
+_stop = None
 
 
-def _init_worker(threads: int, environ: dict[str, str]) -> None:
-    global _parent
+def _init_worker(threads: int, environ: dict[str, str], stop=None) -> None:
+    global _parent, _stop
+    _stop = stop
     # the caller's environment as it is now (MODNETS_CHECKPOINTS, ...), for what reads it at a
     # call; what torch read as it loaded (OMP_*, GOMP_SPINCOUNT) is the fork server's
     os.environ.clear()
@@ -94,8 +96,12 @@ def _interrupt_task(signum, frame) -> None:
 
 
 def _run_task(fn: Callable, task):
-    """``fn(task)`` in a worker, where Ctrl-C stops it (a training saves its state first)."""
+    """``fn(task)`` in a worker, where Ctrl-C stops it (a training saves its state first); a
+    task that reaches a worker after the pool was stopped does not start."""
     global _busy
+    # the pool hands a worker one call more than it runs, and that call cannot be cancelled
+    if _stop is not None and _stop.is_set():
+        raise KeyboardInterrupt
     _busy = True
     try:
         return fn(task)
@@ -136,7 +142,7 @@ def map_tasks(
     workers`` threads each (started fresh for the call, or once for a :func:`keep_workers`
     block, so ``fn`` and the tasks must pickle: a module-level function, a
     ``functools.partial`` of one). Ctrl-C reaches every worker (a training saves its
-    resumable state) before it is raised here."""
+    resumable state) before it is raised here, and no task starts after it."""
     global _kept
     if workers is None:
         workers = default_workers()
@@ -152,16 +158,20 @@ def map_tasks(
         bar.close()
         return out
     threads = max(1, (os.cpu_count() or 1) // workers)
-    pool = _kept_pool(workers)
-    if pool is None:
+    kept = _kept_pool(workers)
+    if kept is None:
+        context = _context()
+        stop = context.Event()
         pool = ProcessPoolExecutor(
             workers,
-            _context(),
+            context,
             initializer=_init_worker,
-            initargs=(threads, dict(os.environ)),
+            initargs=(threads, dict(os.environ), stop),
         )
         if _keeping:
-            _kept = (workers, pool)
+            _kept = (workers, pool, stop)
+    else:
+        pool, stop = kept
     futures = {pool.submit(_run_task, fn, task): i for i, task in enumerate(tasks)}
     results: list = [None] * len(tasks)
     pending = set(futures)
@@ -180,6 +190,7 @@ def map_tasks(
             "(each worker imports the script), or pass workers=1"
         ) from err
     except BaseException:
+        stop.set()  # first: a task already handed to a worker must not start
         for future in pending:
             future.cancel()
         for process in list(getattr(pool, "_processes", {}).values()):
@@ -209,13 +220,13 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _kept_pool(workers: int) -> ProcessPoolExecutor | None:
-    """The kept pool, where it has ``workers`` processes and none died while it waited; any
-    other is shut down (idle, its workers would only hold memory)."""
+def _kept_pool(workers: int) -> tuple[ProcessPoolExecutor, object] | None:
+    """The kept pool and its stop event, where it has ``workers`` processes and none died while
+    it waited; any other is shut down (idle, its workers would only hold memory)."""
     if _kept is not None:
-        size, pool = _kept
+        size, pool, stop = _kept
         if size == workers and not getattr(pool, "_broken", False):
-            return pool
+            return pool, stop
         _drop_kept()
     return None
 

@@ -107,6 +107,28 @@ def test_ctrl_c_reaches_the_workers_before_it_is_raised(tmp_path):
     assert all(p.with_suffix(".saved").exists() for p in paths)  # each worker saw it
 
 
+@pytest.mark.long
+def test_ctrl_c_starts_no_task_after_it(tmp_path):
+    """Two workers, five tasks of a minute: Ctrl-C once two run ends the call within seconds,
+    the two running tasks save, and none of the others starts (the pool hands a worker one call
+    more than it runs; that call must not run in full after the Ctrl-C)."""
+    paths = [tmp_path / f"{k}.txt" for k in range(5)]
+
+    def interrupt():
+        while sum(p.exists() for p in paths) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        parallel.map_tasks(_sleeps, paths, workers=2, show_progress=False)
+    assert time.perf_counter() - start < 30
+    started = [p for p in paths if p.exists()]
+    assert len(started) == 2 and all(p.with_suffix(".saved").exists() for p in started)
+    assert not multiprocessing.active_children()
+
+
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_the_worker_count_is_checked(monkeypatch, value):
     monkeypatch.setenv("MODNETS_SEED_WORKERS", value)
