@@ -275,6 +275,18 @@ CASES = [
         TypeError,
         "float64",
     ),
+    (
+        "ConvNet wrong image size",
+        lambda: ConvNet(width=2)(torch.zeros(1, 1, 32, 32)),
+        ValueError,
+        r"x must have shape \(B, 1, 64, 64\).*got \(1, 1, 32, 32\)",
+    ),
+    (
+        "NFM(CNN) wrong channels",
+        lambda: ConvNet(width=2).with_nfm()(torch.zeros(1, 3, 64, 64)),
+        ValueError,
+        r"x must have shape \(B, 1, 64, 64\), got \(1, 3, 64, 64\)",
+    ),
 ]
 
 

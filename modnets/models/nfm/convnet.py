@@ -95,6 +95,7 @@ class ConvNet(nn.Module):
             raise ValueError(
                 f"image_size={image_size} must be divisible by 2**num_blocks={2**num_blocks}"
             )
+        self.in_channels, self.image_size = in_channels, image_size
         self.dims = tuple(width * 2**i for i in range(num_blocks + 1))
         self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU())
         make = (
@@ -137,13 +138,27 @@ class ConvNet(nn.Module):
     def forward(self, x: Tensor, return_details: bool = False):
         """The logits of images ``x`` ``(B, 1, H, W)``; with ``return_details`` (NFM only) also
         the body's :class:`NFMOutput` (reads, states)."""
-        h0 = self.stem(check_input(x, self))
+        h0 = self.stem(self._check_shape(check_input(x, self)))
         if return_details:
             if self.nfm is None:
                 raise ValueError("return_details needs a ConvNet with NFM")
             out = self.body(h0, return_details=True)
             return self._head(out.output), out
         return self._head(self.body(h0))
+
+    def _check_shape(self, x: Tensor) -> Tensor:
+        """``x`` when it is a batch of images this network reads: ``(B, in_channels, H, W)``,
+        ``H = W = image_size`` where the head reads the flattened map (its size is fixed)."""
+        size = self.image_size
+        expected = f"(B, {self.in_channels}, {size}, {size})"
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"x must have shape {expected}, got {tuple(x.shape)}")
+        if self.pool == "flatten" and tuple(x.shape[-2:]) != (size, size):
+            raise ValueError(
+                f"x must have shape {expected} (the flattened head reads a fixed-size map), "
+                f"got {tuple(x.shape)}"
+            )
+        return x
 
     def _head(self, h: Tensor) -> Tensor:
         if self.pool == "max":
