@@ -135,13 +135,28 @@ def from_pretrained(folder: str | Path, map_location="cpu") -> nn.Module:
     path = folder / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: not a folder written by save_pretrained")
-    record = json.loads(path.read_text())
-    if record.get("format") != FORMAT:
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): not written by save_pretrained"
+        ) from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} record")
     base = create_model(record["name"])
     config = getattr(base, "config", None)
     overrides = {k: _as_tuples(v, getattr(config, k, None)) for k, v in record["overrides"].items()}
     model = create_model(record["name"], **overrides)
-    state = torch.load(folder / "weights.pt", map_location=map_location, weights_only=True)
+    weights = folder / "weights.pt"
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} not found: save_pretrained writes it beside {path}")
+    try:
+        state = torch.load(weights, map_location=map_location, weights_only=True)
+    except Exception as err:  # damaged, or holding more than tensors: torch's advice to unpickle
+        # it all would run the file's code, so the message is ours
+        raise ValueError(
+            f"{weights} is not a weights file modnets can read ({type(err).__name__}): it is "
+            "damaged, or holds objects other than tensors, which modnets does not unpickle"
+        ) from None
     model.load_state_dict(state)
     return model.eval()

@@ -74,3 +74,24 @@ def test_names_overrides_and_pretrained_are_checked():
     assert modnets.list_models("nac_*") == ["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
     with pytest.raises(TypeError, match="create_model"):
         modnets.save_pretrained(torch.nn.Linear(2, 2), "unused")
+
+
+def test_a_damaged_folder_is_refused_naming_the_file(tmp_path):
+    """A damaged ``config.json`` or ``weights.pt``: an error naming the file, never torch's advice
+    to load with ``weights_only=False`` (which would run the file's pickled code)."""
+    folder = modnets.save_pretrained(modnets.create_model("ni_fuzzy_boolean_cpu"), tmp_path / "m")
+    weights = (folder / "weights.pt").read_bytes()
+    (folder / "weights.pt").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match="weights.pt is not a weights file") as err:
+        modnets.from_pretrained(folder)
+    assert "weights_only" not in str(err.value)
+    torch.save({"w": torch.zeros(1), "code": print}, folder / "weights.pt")  # not only tensors
+    with pytest.raises(ValueError, match="other than tensors") as err:
+        modnets.from_pretrained(folder)
+    assert "weights_only" not in str(err.value)
+    (folder / "weights.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="weights.pt not found"):
+        modnets.from_pretrained(folder)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        modnets.from_pretrained(folder)
