@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -31,6 +32,34 @@ def checkpoint_dir() -> Path:
 
 class CheckpointError(ValueError):
     """A checkpoint file is truncated, corrupted, or was written by something else."""
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """``path`` when a file can be written there (its folder made if missing); else an
+    ``OSError`` naming it, before any work that would end in writing it."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        raise OSError(
+            err.errno, f"cannot write the training state to {path}: {err.strerror}"
+        ) from None
+    return path
+
+
+def non_finite(state, where: str = "") -> str | None:
+    """The name of the first floating-point tensor in a nested ``state`` (dicts, lists, tensors)
+    that holds a NaN or an infinity, or None."""
+    if torch.is_tensor(state):
+        return where if state.is_floating_point() and not torch.isfinite(state).all() else None
+    if isinstance(state, dict | list | tuple):
+        for k, v in state.items() if isinstance(state, dict) else enumerate(state):
+            found = non_finite(v, f"{where}.{k}" if where else str(k))
+            if found is not None:
+                return found
+    return None
 
 
 CHECKPOINT_FORMAT = "modnets-train-state-v1"
@@ -161,13 +190,22 @@ class ResumableLoop:
         self.resumed = True
 
     def save(self) -> None:
+        """Write the state, unless a tensor of it is not finite (a NaN in the weights, the
+        optimiser or the logged loss): then ``FloatingPointError``, the last good state kept."""
         if self.path is None or not self.enabled:
             return
+        objects = {k: v.state_dict() for k, v in self.objects.items()}
+        bad = non_finite(objects)
+        if bad is not None:
+            raise FloatingPointError(
+                f"{bad} is not finite at step {self.step}: not saved, {self.path} keeps the last "
+                "finite state; lower TrainConfig.lr or set clip_grad_norm"
+            )
         save_checkpoint(
             {
                 "format": CHECKPOINT_FORMAT,
                 "config": self.config,
-                "objects": {k: v.state_dict() for k, v in self.objects.items()},
+                "objects": objects,
                 "history": self.history,
                 "step": self.step,
                 "epoch": self.epoch,
@@ -231,7 +269,11 @@ class ResumableLoop:
         self.batch_in_epoch += 1
         if getattr(self, "_interrupted", False):
             self.save()
-            where = f"; resume with --resume (state in {self.path})" if self.path else ""
+            where = (
+                f"; resume=True (--resume on the command line) goes on from {self.path}"
+                if self.path
+                else ""
+            )
             raise KeyboardInterrupt(f"interrupted after step {self.step}{where}")
         if self.save_every and self.step % self.save_every == 0:
             self.save()
