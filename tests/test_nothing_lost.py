@@ -2,12 +2,17 @@
 written, an unwritable state path is refused before the first step, a resume into another model
 or another length of run is refused, and bad settings are refused when they are made."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import modnets
 from modnets.training import CheckpointError, TrainConfig, fit, load_train_state
 from modnets.training.checkpoints import non_finite
+from modnets.utils import seed_everything
 
 N = 512  # 32 steps of 16 an epoch
 
@@ -139,3 +144,69 @@ def test_a_best_metric_evaluate_does_not_return_is_named():
             show_progress=False,
             evaluate=lambda m: {"r2": 0.5},
         )
+
+
+class _Runs:
+    """Unpickling it would run code: it writes a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "ran"))
+
+
+def test_a_state_whose_unpickling_would_run_code_is_refused(tmp_path):
+    """Training states and experiment checkpoints are read with ``weights_only=True``: a file
+    from someone else cannot run code on ``--resume`` or from the cache."""
+    from modnets.training.checkpoints import CHECKPOINT_FORMAT
+
+    marker = tmp_path / "ran.txt"
+    path = tmp_path / "state.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "objects": {}, "x": _Runs(marker)}, path)
+    with pytest.raises(CheckpointError, match="other than tensors and plain values"):
+        load_train_state(path)
+    assert not marker.exists()
+    sources = Path(modnets.__file__).parent.rglob("*.py")
+    unsafe = [str(p) for p in sources if "weights_only=False" in p.read_text()]
+    assert unsafe == []
+
+
+def test_a_resumed_state_with_numpy_values_loads_and_ends_as_an_uninterrupted_run(tmp_path):
+    """An evaluate returning NumPy numbers, the global NumPy generator drawn from: the state is
+    stored as tensors and plain values, loads safely, and the resumed run ends bit for bit."""
+    x, y = _task()
+    config = TrainConfig(epochs=3, batch_size=16, lr=1e-3, save_every=5, best="r2")
+
+    def evaluate(m):  # a NumPy draw, as augmentation would make: its state must survive too
+        return {"r2": np.float64(np.random.rand())}  # noqa: NPY002
+
+    def run(step, path=None, resume=False):
+        seed_everything(0)
+        model = nn.Linear(4, 1)
+        hist = fit(
+            model,
+            step,
+            config,
+            n=N,
+            show_progress=False,
+            evaluate=evaluate,
+            state_path=path,
+            resume=resume,
+        )
+        return model, hist
+
+    whole, hist = run(_step(x, y))
+    path = tmp_path / "state.pt"
+    calls = {"n": 0}
+
+    def stops(net, idx):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise KeyboardInterrupt
+        return (net(x[idx]) - y[idx]).pow(2).mean()
+
+    with pytest.raises(KeyboardInterrupt):
+        run(stops, path)
+    resumed, again = run(_step(x, y), path, resume=True)
+    assert torch.equal(resumed.weight, whole.weight) and again["val_r2"] == hist["val_r2"]
