@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from modnets.nn.loc import LOC
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
+from modnets.pretrained import Pretrained
 from modnets.probes import probe
 from modnets.utils import check_input, positive_int
 
@@ -415,7 +416,7 @@ class Script(nn.Module):
         self.function_mask = self.function_mask[keep.to(self.function_mask.device)]
 
 
-class NeuralInterpreter(ClassTokenModel):
+class NeuralInterpreter(ClassTokenModel, Pretrained):
     """The Neural Interpreter of NI eq. 1: tokens and CLS tokens through ``n_s`` scripts.
 
     Shapes: images ``(B, C, H, W)`` or vectors ``(B, n[, f])`` -> logits ``(B, num_cls, num_outputs)``.
@@ -436,6 +437,9 @@ class NeuralInterpreter(ClassTokenModel):
         self.cls = ClassTokens(config.num_cls, config.dim)
         self.scripts = nn.ModuleList(Script(config) for _ in range(config.num_scripts))
         self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
+
+    def arguments(self) -> dict:
+        return {"config": self.config}
 
     def _per_script(self, value, name: str) -> list:
         if isinstance(value, list | tuple):
