@@ -106,3 +106,28 @@ def maybe_compile(module: nn.Module, enabled: bool = False) -> nn.Module:
         )
         return module
     return torch.compile(module)
+
+
+class AnyBatch(nn.Module):
+    """``module`` compiled once for every batch size: each tensor argument's first dimension is
+    marked unbacked before the call, so the compiler neither specialises batch 1 nor guards on a
+    convolution's batch-size heuristic (batches of up to 15 and from 16 on would compile apart).
+    Attributes not its own are the module's (``compiled.config``). For inference over changing
+    batch sizes; :func:`fit` trains at one batch size and compiles for it (:func:`maybe_compile`)."""
+
+    def __init__(self, module: nn.Module, **compile_options):
+        super().__init__()
+        self.module = module
+        self.compiled = torch.compile(module, **compile_options)
+
+    def forward(self, *args, **kwargs):
+        for a in args:
+            if isinstance(a, Tensor) and a.dim() > 0:
+                torch._dynamo.decorators.mark_unbacked(a, 0)
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("module"), name)
