@@ -33,6 +33,7 @@ if "google.colab" in sys.modules:
 # | step | call |
 # |---|---|
 # | build a model | `modnets.create_model(name, **overrides)`, `modnets.list_models()` |
+# | read its output | NI and ViT: `(B, num_cls, num_outputs)`, a row per CLS token (task); NAC, Perceiver IO, NFM(CNN): `(B, num_outputs)` |
 # | train it | `modnets.training.fit(model, step, TrainConfig(...), n=...)` |
 # | save and load it | `model.save_pretrained(folder)`, `NeuralInterpreter.from_pretrained(folder)` |
 # | look inside | `diagnostics.ni_routing`, `diagnostics.circuit`, the `nfm.read_weights` probe |

@@ -72,6 +72,11 @@ def test_names_overrides_and_pretrained_are_checked():
     with pytest.raises(ValueError, match="publishes no trained weights"):
         modnets.create_model("ni_digits_cpu", pretrained=True)
     assert modnets.create_model("ni_digits_cpu", num_functions=3).config.num_functions == 3
+    # a circuit's tokenizer takes its own overrides: another image size, other channels
+    small = modnets.create_model("nac_tiny_imagenet_cpu", image_size=32, out_channels=48)
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, small.config.num_outputs)
+    pio = modnets.create_model("pio_tiny_imagenet_cpu", image_size=32, in_channels=1)
+    assert pio(torch.randn(2, 1, 32, 32)).shape == (2, pio.config.num_outputs)
     assert modnets.list_models("nac_*") == ["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
     with pytest.raises(TypeError, match="model is a Linear, not a modnets model"):
         modnets.save_pretrained(torch.nn.Linear(2, 2), "unused")

@@ -456,7 +456,8 @@ class NeuralInterpreter(ClassTokenModel, Pretrained):
         return_routing: bool = False,
     ) -> Tensor | NIOutput:
         """The logits ``(B, num_cls, num_outputs)`` of inputs ``x`` (images ``(B, C, H, W)`` or
-        vectors ``(B, input_dim)``, per the tokenizer); with ``return_routing`` an
+        vectors ``(B, input_dim)``, per the tokenizer): a row per CLS token, one per task (the
+        NAC and NFM give ``(B, num_outputs)``); with ``return_routing`` an
         :class:`NIOutput` with every script's compatibilities ``C`` and types. ``num_iterations``
         and ``function_mask`` (``(num_functions,)`` bool: which functions run) apply to every
         script, or take a list with one per script."""
