@@ -20,11 +20,18 @@ import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 from torch import nn
 
 from modnets import pretrained
+
+if TYPE_CHECKING:
+    from modnets.models.baselines import PerceiverIO, ViT
+    from modnets.models.nac import NeuralAttentiveCircuit
+    from modnets.models.nfm import ConvNet
+    from modnets.models.ni import NeuralInterpreter
 
 __all__ = ["create_model", "list_models", "example_input", "save_pretrained", "from_pretrained"]
 
@@ -57,6 +64,34 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(fnmatch.filter(_variants(), pattern))
 
 
+#: The registered names by the class they build, for type checkers (``create_model``'s
+#: overloads; a test keeps them equal to the registry). Any other name gives an ``nn.Module``.
+NIName = Literal["ni_digits_cpu", "ni_digits_gpu", "ni_fuzzy_boolean_cpu", "ni_fuzzy_boolean_gpu"]
+ViTName = Literal[
+    "vit_digits_cpu", "vit_digits_gpu", "vit_small_digits_cpu", "vit_small_digits_gpu"
+]
+NACName = Literal["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
+PerceiverIOName = Literal["pio_tiny_imagenet_cpu", "pio_tiny_imagenet_gpu"]
+ConvNetName = Literal[
+    "cnn_stacked_mnist_cpu",
+    "cnn_stacked_mnist_gpu",
+    "nfm_stacked_mnist_cpu",
+    "nfm_stacked_mnist_gpu",
+]
+
+
+@overload
+def create_model(name: NIName, pretrained: bool = ..., **overrides) -> NeuralInterpreter: ...
+@overload
+def create_model(name: ViTName, pretrained: bool = ..., **overrides) -> ViT: ...
+@overload
+def create_model(name: NACName, pretrained: bool = ..., **overrides) -> NeuralAttentiveCircuit: ...
+@overload
+def create_model(name: PerceiverIOName, pretrained: bool = ..., **overrides) -> PerceiverIO: ...
+@overload
+def create_model(name: ConvNetName, pretrained: bool = ..., **overrides) -> ConvNet: ...
+@overload
+def create_model(name: str, pretrained: bool = ..., **overrides) -> nn.Module: ...
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
     """The model ``name`` (one of :func:`list_models`), untrained, with ``overrides`` applied to
     its configuration. ``pretrained``: no trained weights are published with the library; train

@@ -169,3 +169,32 @@ def test_a_config_naming_other_code_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({**record, "module": "os:system"}))
     with pytest.raises(ValueError, match="only modnets classes"):
         modnets.from_pretrained(folder)
+
+
+def test_the_typed_names_are_the_registry_s_and_the_package_says_it_is_typed():
+    """``create_model``'s overloads give a type checker each name's class: every registered name
+    is in exactly one, and builds that class; ``py.typed`` ships with the package."""
+    from pathlib import Path
+    from typing import get_args
+
+    import tomllib
+
+    from modnets import registry
+    from modnets.models.baselines import PerceiverIO, ViT
+    from modnets.models.nfm import ConvNet
+
+    typed = {
+        registry.NIName: modnets.NeuralInterpreter,
+        registry.ViTName: ViT,
+        registry.NACName: modnets.NeuralAttentiveCircuit,
+        registry.PerceiverIOName: PerceiverIO,
+        registry.ConvNetName: ConvNet,
+    }
+    names = [n for alias in typed for n in get_args(alias)]
+    assert sorted(names) == modnets.list_models()
+    for alias, cls in typed.items():
+        assert all(type(modnets.create_model(n)) is cls for n in get_args(alias))
+    root = Path(modnets.__file__).parent
+    assert (root / "py.typed").is_file()
+    project = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["modnets"]
