@@ -210,3 +210,14 @@ def test_a_resumed_state_with_numpy_values_loads_and_ends_as_an_uninterrupted_ru
         run(stops, path)
     resumed, again = run(_step(x, y), path, resume=True)
     assert torch.equal(resumed.weight, whole.weight) and again["val_r2"] == hist["val_r2"]
+
+
+def test_an_empty_batch_is_named_not_read_as_a_high_learning_rate():
+    x, y = _task()
+    config = TrainConfig(epochs=1, batch_size=16, lr=1e-3)
+
+    def batches(epoch):
+        return [torch.arange(16), torch.arange(0)]
+
+    with pytest.raises(ValueError, match="an empty batch in epoch 1"):
+        fit(nn.Linear(4, 1), _step(x, y), config, batches=batches, show_progress=False)

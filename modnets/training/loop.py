@@ -191,6 +191,7 @@ def fit(
             )
             for idx in source:
                 batch = items[idx.item()] if items is not None else distributed.shard(idx)
+                _check_batch(batch, epoch)
                 opt.zero_grad(set_to_none=True)
                 logged.add(_backward(step, net, batch, config, device, scaler))
                 _optimiser_step(opt, sched, params, config, scaler)
@@ -232,6 +233,17 @@ def _check_fit(config: TrainConfig, n, batches, evaluate) -> None:
         raise ValueError(f"TrainConfig.best={config.best!r} needs an evaluate function")
     if config.accumulate > 1 and batches is not None:
         raise ValueError("TrainConfig.accumulate > 1 needs index batches (n), not batches()")
+
+
+def _check_batch(batch, epoch: int) -> None:
+    """An empty batch (or an empty tensor in one) would give a NaN loss that reads as a too high
+    learning rate: named here instead."""
+    parts = batch if isinstance(batch, list | tuple) else [batch]
+    if any(isinstance(t, Tensor) and t.dim() > 0 and len(t) == 0 for t in parts):
+        raise ValueError(
+            f"an empty batch in epoch {epoch + 1}: batches() gave one with no samples, or "
+            "batch_size is smaller than the number of processes"
+        )
 
 
 def _schedule(opt: torch.optim.Optimizer, config: TrainConfig, total: int):
