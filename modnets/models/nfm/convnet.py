@@ -150,8 +150,8 @@ class ConvNet(nn.Module, Pretrained):
         return new
 
     def forward(self, x: Tensor, return_details: bool = False):
-        """The logits of images ``x`` ``(B, 1, H, W)``; with ``return_details`` (NFM only) also
-        the body's :class:`NFMOutput` (reads, states)."""
+        """The logits ``(B, num_outputs)`` of images ``x`` ``(B, in_channels, H, W)``; with
+        ``return_details`` (NFM only) also the body's :class:`NFMOutput` (reads, states)."""
         h0 = self.stem(self._check_shape(check_input(x, self)))
         if return_details:
             if self.nfm is None:
