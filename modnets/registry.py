@@ -4,29 +4,40 @@
 ``list_models()`` names them all: one variant per experiment model and profile (``cpu``, the
 book's reduced scale, and ``gpu``, the papers' settings). Keyword arguments override fields of
 the model's configuration (``NIConfig`` / ``NACConfig`` fields, a ViT's ``depth``, a ConvNet's
-arguments). ``save_pretrained(model, folder)`` writes a trained model as a JSON config beside its
-weights, and ``from_pretrained(folder)`` builds it again -- after ``add_functions``,
-``remove_functions``, ``drop_modules`` or ``eliminate_edges`` too -- loading the weights with
-``torch.load(weights_only=True)``, which runs no pickled code.
+arguments). ``save_pretrained(model, folder)`` (or ``model.save_pretrained(folder)``) writes a
+trained model as a JSON config beside its weights, and ``from_pretrained(folder)`` (or
+``NeuralInterpreter.from_pretrained(folder)``) builds it again -- after ``add_functions``,
+``remove_functions``, ``drop_modules`` or ``eliminate_edges`` too -- running no code from either
+file (:mod:`modnets.pretrained`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import fnmatch
 import functools
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 from torch import nn
 
+from modnets import pretrained
+
+if TYPE_CHECKING:
+    from modnets.models.baselines import PerceiverIO, ViT
+    from modnets.models.nac import NeuralAttentiveCircuit
+    from modnets.models.nfm import ConvNet
+    from modnets.models.ni import NeuralInterpreter
+
 __all__ = ["create_model", "list_models", "example_input", "save_pretrained", "from_pretrained"]
 
 PROFILES = ("cpu", "gpu")
-FORMAT = "modnets-pretrained-1"
+#: The format of the folders the first save_pretrained wrote (read, never written).
+LEGACY_FORMAT = "modnets-pretrained-1"
 
 
 @functools.cache
@@ -53,6 +64,34 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(fnmatch.filter(_variants(), pattern))
 
 
+#: The registered names by the class they build, for type checkers (``create_model``'s
+#: overloads; a test keeps them equal to the registry). Any other name gives an ``nn.Module``.
+NIName = Literal["ni_digits_cpu", "ni_digits_gpu", "ni_fuzzy_boolean_cpu", "ni_fuzzy_boolean_gpu"]
+ViTName = Literal[
+    "vit_digits_cpu", "vit_digits_gpu", "vit_small_digits_cpu", "vit_small_digits_gpu"
+]
+NACName = Literal["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
+PerceiverIOName = Literal["pio_tiny_imagenet_cpu", "pio_tiny_imagenet_gpu"]
+ConvNetName = Literal[
+    "cnn_stacked_mnist_cpu",
+    "cnn_stacked_mnist_gpu",
+    "nfm_stacked_mnist_cpu",
+    "nfm_stacked_mnist_gpu",
+]
+
+
+@overload
+def create_model(name: NIName, pretrained: bool = ..., **overrides) -> NeuralInterpreter: ...
+@overload
+def create_model(name: ViTName, pretrained: bool = ..., **overrides) -> ViT: ...
+@overload
+def create_model(name: NACName, pretrained: bool = ..., **overrides) -> NeuralAttentiveCircuit: ...
+@overload
+def create_model(name: PerceiverIOName, pretrained: bool = ..., **overrides) -> PerceiverIO: ...
+@overload
+def create_model(name: ConvNetName, pretrained: bool = ..., **overrides) -> ConvNet: ...
+@overload
+def create_model(name: str, pretrained: bool = ..., **overrides) -> nn.Module: ...
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
     """The model ``name`` (one of :func:`list_models`), untrained, with ``overrides`` applied to
     its configuration. ``pretrained``: no trained weights are published with the library; train
@@ -68,7 +107,7 @@ def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
             "experiment, save it with save_pretrained and load it with from_pretrained"
         )
     model = variants[name][0](**overrides)
-    model.registry_name, model.registry_overrides = name, _plain(overrides)
+    model.registry_name = name
     return model
 
 
@@ -82,45 +121,10 @@ def example_input(name: str, batch: int = 2) -> torch.Tensor:
 # ----------------------------------------------------------------------------- save and load
 
 
-def _plain(value):
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _overrides(model: nn.Module) -> dict:
-    """What makes ``model``'s configuration differ from its registered variant's: fields of its
-    config, a ViT's depth."""
-    base = create_model(model.registry_name)
-    out = dict(getattr(model, "registry_overrides", {}))
-    config = getattr(model, "config", None)
-    if dataclasses.is_dataclass(config):
-        for f in dataclasses.fields(config):
-            now = getattr(config, f.name)
-            if now != getattr(base.config, f.name):
-                out[f.name] = _plain(now)
-    if getattr(model, "depth", None) != getattr(base, "depth", None):
-        out["depth"] = model.depth
-    return out
-
-
 def save_pretrained(model: nn.Module, folder: str | Path) -> Path:
-    """Write ``model`` (made by :func:`create_model`) to ``folder``: ``config.json`` (the variant
-    and what differs from it) and ``weights.pt`` (the ``state_dict``)."""
-    from modnets.training import save_checkpoint
-
-    name = getattr(model, "registry_name", None)
-    if name is None:
-        raise TypeError("save_pretrained needs a model made by modnets.create_model")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    save_checkpoint(state, folder / "weights.pt")
-    record = {"format": FORMAT, "name": name, "overrides": _overrides(model)}
-    (folder / "config.json").write_text(json.dumps(record, indent=1) + "\n")
-    return folder
+    """Write ``model`` to ``folder`` (:func:`modnets.pretrained.save`): every argument it is built
+    from, so that a preset changed later does not change it, and its weights."""
+    return pretrained.save(model, folder)
 
 
 def _as_tuples(value, like):
@@ -129,34 +133,26 @@ def _as_tuples(value, like):
     return value
 
 
-def from_pretrained(folder: str | Path, map_location="cpu") -> nn.Module:
-    """The model :func:`save_pretrained` wrote to ``folder``, in evaluation mode."""
-    folder = Path(folder)
-    path = folder / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: not a folder written by save_pretrained")
+def from_pretrained(folder: str | Path, map_location="cpu", **parts) -> nn.Module:
+    """The model :func:`save_pretrained` wrote to ``folder``, in evaluation mode
+    (:func:`modnets.pretrained.load`). A folder of the first format (a registered name and what
+    differed from its preset) is built from today's preset, with a warning."""
+    path = Path(folder) / "config.json"
     try:
         record = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{path} is not valid JSON ({err}): not written by save_pretrained"
-        ) from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} record")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        record = None  # load says what is wrong
+    if not (isinstance(record, dict) and record.get("format") == LEGACY_FORMAT):
+        return pretrained.load(folder, map_location, **parts)
+    warnings.warn(
+        f"{path} records only what differed from the preset {record['name']!r}; a preset changed "
+        "since changes the model: save it again with save_pretrained to keep every field",
+        stacklevel=2,
+    )
     base = create_model(record["name"])
     config = getattr(base, "config", None)
     overrides = {k: _as_tuples(v, getattr(config, k, None)) for k, v in record["overrides"].items()}
     model = create_model(record["name"], **overrides)
-    weights = folder / "weights.pt"
-    if not weights.exists():
-        raise FileNotFoundError(f"{weights} not found: save_pretrained writes it beside {path}")
-    try:
-        state = torch.load(weights, map_location=map_location, weights_only=True)
-    except Exception as err:  # damaged, or holding more than tensors: torch's advice to unpickle
-        # it all would run the file's code, so the message is ours
-        raise ValueError(
-            f"{weights} is not a weights file modnets can read ({type(err).__name__}): it is "
-            "damaged, or holds objects other than tensors, which modnets does not unpickle"
-        ) from None
-    model.load_state_dict(state)
+    weights = Path(folder) / "weights.pt"
+    model.load_state_dict(torch.load(weights, map_location=map_location, weights_only=True))
     return model.eval()

@@ -33,8 +33,9 @@ if "google.colab" in sys.modules:
 # | step | call |
 # |---|---|
 # | build a model | `modnets.create_model(name, **overrides)`, `modnets.list_models()` |
+# | read its output | NI and ViT: `(B, num_cls, num_outputs)`, a row per CLS token (task); NAC, Perceiver IO, NFM(CNN): `(B, num_outputs)` |
 # | train it | `modnets.training.fit(model, step, TrainConfig(...), n=...)` |
-# | save and load it | `modnets.save_pretrained(model, folder)`, `modnets.from_pretrained(folder)` |
+# | save and load it | `model.save_pretrained(folder)`, `NeuralInterpreter.from_pretrained(folder)` |
 # | look inside | `diagnostics.ni_routing`, `diagnostics.circuit`, the `nfm.read_weights` probe |
 # | cut it down | `remove_functions` (NI), `drop_modules` (NAC) |
 #
@@ -193,10 +194,13 @@ plt.tight_layout()
 #
 # ## Save and load
 #
-# `save_pretrained` writes a folder with `config.json` (the registered name and what differs
-# from it) and `weights.pt`; `from_pretrained` builds the model again and loads the weights with
-# `torch.load(weights_only=True)`, which runs no pickled code. The reloaded model computes the
-# same logits to the last bit.
+# `model.save_pretrained(folder)` (or `modnets.save_pretrained(model, folder)`) writes a folder
+# with `config.json` -- the model's class and every argument it is built from, every field of its
+# configuration included, so that a default changed in a later version does not change the saved
+# model -- and `weights.pt`. `NeuralInterpreter.from_pretrained(folder)` (or
+# `modnets.from_pretrained(folder)`) builds it again and loads the weights with
+# `torch.load(weights_only=True)`: neither file runs code. The reloaded model computes the same
+# logits to the last bit.
 
 # %%
 with tempfile.TemporaryDirectory() as folder:
@@ -205,7 +209,7 @@ with tempfile.TemporaryDirectory() as folder:
         again = modnets.from_pretrained(f"{folder}/{name}")
         with torch.no_grad():
             assert torch.equal(logits_of(again, x_val[:8]), logits_of(model, x_val[:8]))
-    print(open(f"{folder}/NI/config.json").read())
+    print(open(f"{folder}/NI/config.json").read()[:600], "...")
 
 # %% [markdown]
 # ## Looking inside

@@ -19,7 +19,17 @@ LAYERS = {
     "experiments": {"base", "nn", "graphs", "models", "training", "data", "inspect", "experiments"},
     "top": {"base", "nn", "graphs", "models", "training", "data", "inspect", "experiments", "top"},
 }
-BASE = {"utils", "profiles", "threads", "timing", "distributed", "parallel", "equations", "probes"}
+BASE = {
+    "utils",
+    "profiles",
+    "threads",
+    "timing",
+    "distributed",
+    "parallel",
+    "equations",
+    "probes",
+    "pretrained",
+}
 MODELS = {"models", "pruning"}
 INSPECT = {"diagnostics", "viz", "diagrams"}
 

@@ -9,6 +9,7 @@ import os
 import random
 import runpy
 import signal
+import subprocess
 import sys
 import time
 
@@ -175,3 +176,149 @@ def test_ctrl_c_at_a_random_moment_then_resume_gives_the_uninterrupted_results(
     main([*args, str(out), "--resume"])
     results = [json.loads(p.read_text()) for p in (tmp_path / "whole.json", out)]
     assert without_times(results[0]) == without_times(results[1])
+
+
+#: A stand-in for a long run: six seeds trained ahead in two worker processes, seeds 2 to 5
+#: sleeping ``TOY_SLEEP`` seconds a step; every training start is logged to ``TOY_LOG``.
+SLOW_PACKAGE = '''
+"""A toy experiment whose last seeds train slowly in worker processes."""
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from modnets.experiments.core import harness
+from modnets.experiments.core.claims import decide_rule, holm, outside_regime
+from modnets.experiments.core.experiment import Experiment, Measurement
+from modnets.experiments.core.rule import Rule
+from modnets.experiments.core.rules import declare
+from modnets.experiments.core.stats import per_seed
+from modnets.training import TrainConfig
+
+NAME = "toy_slow"
+SOURCE_PAPER = "A slow toy paper"
+CHAPTER = ""
+TRAIN_CODE = ()
+RULES = declare("toy_slow", [
+    Rule(id="toy-slow-slope", kind="ours", text="The slope is above 1", source="ours",
+         paper="-", quantity="slope - 1", test=">", threshold=0.0),
+])
+
+
+@dataclass(frozen=True)
+class SlowConfig:
+    seeds: tuple = (0, 1, 2, 3, 4, 5)
+    selection_seeds: tuple = ()
+    epochs: int = 20
+
+
+CONFIGS = {"smoke": SlowConfig(), "cpu": SlowConfig(), "gpu": SlowConfig()}
+
+
+def _trained(config, options, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 1, generator=g)
+    y = 2 * x
+
+    def step(model, idx):
+        if seed >= 2:
+            time.sleep(float(os.environ.get("TOY_SLEEP", "0")))
+        return (model(x[idx]) - y[idx]).pow(2).mean()
+
+    def train(model, stage):
+        with open(os.environ["TOY_LOG"], "a") as log:
+            log.write(f"{seed}\\n")
+        cfg = TrainConfig(epochs=config.epochs, batch_size=16, lr=0.1, amp=False, save_every=1)
+        return stage.fit(model, step, cfg, n=64)
+
+    build = lambda: nn.Linear(1, 1)  # noqa: E731
+    return harness.load_or_train(
+        "toy_slow", config, seed, build, train, code=(), data="toy", options=options
+    )
+
+
+def _ahead(task):
+    config, options, seed = task
+    _trained(config, options.quiet(), seed)
+
+
+def measure(config, options):
+    tasks = [(config, options, s) for s in config.seeds]
+    harness.train_ahead(_ahead, tasks, options, "seeds")
+    rows = [{"seed": s, "slope": _trained(config, options, s)[0].weight.item()} for s in config.seeds]
+    return Measurement({"line": {"per_seed": rows}}, {}, config, ())
+
+
+def summarise(config, models, diagnostics):
+    return models, diagnostics
+
+
+def regime(results):
+    return harness.regime("none", {})
+
+
+def claims(results):
+    slopes = per_seed(results["models"]["line"]["per_seed"], "slope")
+    return holm([outside_regime(decide_rule("toy-slow-slope", [s - 1 for s in slopes]), results["regime"])], "toy")
+
+
+def format_summary(results):
+    return "slopes"
+
+
+def dry_run(config):
+    return []
+
+
+REGISTERED = {}
+EXPERIMENT = Experiment.from_namespace(globals())
+'''
+
+
+@pytest.mark.long
+def test_ctrl_c_ends_a_two_worker_run_soon_and_resume_loses_no_finished_seed(tmp_path):
+    """A SIGINT to the command line while two workers train slow seeds ends the process within
+    30 s (the pool hands a worker one seed more than it runs, and that seed once ran in full
+    after the Ctrl-C), and ``--resume`` trains only the seeds that had not finished."""
+    folder = tmp_path / "mine"
+    (folder / "toy_slow").mkdir(parents=True)
+    (folder / "toy_slow" / "__init__.py").write_text(SLOW_PACKAGE)
+    log = tmp_path / "log.txt"
+    env = {
+        **os.environ,
+        "MODNETS_EXPERIMENTS": str(folder),
+        "MODNETS_CHECKPOINTS": str(tmp_path / "checkpoints"),
+        "MODNETS_SEED_WORKERS": "2",
+        "TOY_LOG": str(log),
+        "TOY_SLEEP": "1",
+    }
+    out = tmp_path / "results.json"
+    cli = [sys.executable, "-m", "modnets.experiments", "toy_slow", "--profile", "cpu"]
+    cli += ["--quiet", "--out", str(out)]
+    proc = subprocess.Popen(cli, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (log.exists() and {"2", "3"} <= set(log.read_text().split())):
+            assert proc.poll() is None and time.time() < deadline, "the slow seeds never started"
+            time.sleep(0.1)
+        time.sleep(1)
+        os.kill(proc.pid, signal.SIGINT)
+        begun = time.time()
+        _, err = proc.communicate(timeout=60)
+        assert time.time() - begun < 30, "the run went on after Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and not out.exists() and "--resume" in err
+    resumed = subprocess.run(
+        [*cli, "--resume"], env={**env, "TOY_SLEEP": "0"}, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    started = log.read_text().split()
+    # 0 and 1 had finished: not again; 2 and 3 go on; 4 and 5 had not started
+    assert sorted(started) == ["0", "1", "2", "2", "3", "3", "4", "5"]
+    assert json.loads(out.read_text())["seeds"] == [0, 1, 2, 3, 4, 5]

@@ -5,6 +5,7 @@ generation, so the test stays fast."""
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from modnets.experiments import digits, fuzzy_boolean, tiny_imagenet
 from modnets.models.ni import NeuralInterpreter
@@ -161,3 +162,30 @@ def test_channels_last_trains_in_that_layout_and_hands_back_the_default_one():
     torch.testing.assert_close(train(True), train(False))
     with pytest.raises(TypeError, match="TrainConfig.channels_last must be True or False"):
         _config(channels_last="yes")
+
+
+@pytest.mark.parametrize(
+    "name", ["ni_digits_cpu", "nac_tiny_imagenet_cpu", "nfm_stacked_mnist_cpu"]
+)
+def test_any_batch_compiles_at_most_once_more_for_every_batch_size(name):
+    """``AnyBatch``: one graph for batches of 1, 4, 5, 8 and 16, one more for 20 and 33 (a plain
+    ``torch.compile`` makes one for batch 1, another from 2 and, for the convolutional models, a
+    third from 16), and the outputs of the eager model. The guards are the compiler's front end,
+    so the test compiles with the eager backend (no code generation)."""
+    import modnets
+    from modnets.registry import example_input
+    from modnets.training import AnyBatch
+
+    torch.manual_seed(0)
+    model = modnets.create_model(name).eval()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = AnyBatch(model, backend="eager")
+    graphs = []
+    with torch.no_grad():
+        for batch in (1, 4, 5, 8, 16, 20, 33):
+            x = example_input(name, batch=batch)
+            torch.testing.assert_close(compiled(x), model(x))
+            graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 1, 1, 1, 1, 2, 2]
+    assert compiled.arguments() == model.arguments()  # the model's attributes, through it

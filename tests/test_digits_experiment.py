@@ -1,7 +1,6 @@
 """NI §4.2 experiment plumbing on tiny fake datasets (no real data needed)."""
 
 import dataclasses
-import functools
 import importlib
 import json
 
@@ -462,11 +461,16 @@ _REPRODUCED = dict(
 @on_fake_data("digits")
 def test_command_line_at_smoke_writes_the_schema(fake_root, tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_CHECKPOINTS", str(tmp_path / "ckpt"))
+
     # the fake files are not the released ones: read them without the md5 check
-    run = functools.partial(digits.run, root=fake_root, verify=False)
-    monkeypatch.setattr(importlib.import_module("modnets.experiments.digits.run"), "run", run)
+    def measure(config, options):
+        return digits.EXPERIMENT.measure(
+            config, dataclasses.replace(options, root=fake_root, verify=False)
+        )
+
+    on_fakes = dataclasses.replace(digits.EXPERIMENT, measure=measure)
     out = tmp_path / "results.json"
-    experiment_main(digits.EXPERIMENT, ["--profile", "smoke", "--quiet", "--out", str(out)])
+    experiment_main(on_fakes, ["--profile", "smoke", "--quiet", "--out", str(out)])
     check_smoke_results("digits", json.loads(out.read_text()), tmp_path)
 
 

@@ -3,6 +3,7 @@ runs forward and backward, converts to float64, and comes back bit for bit from 
 also after the edits the papers make to trained models (NI Fig. 5b-c, NAC App. F)."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -71,8 +72,13 @@ def test_names_overrides_and_pretrained_are_checked():
     with pytest.raises(ValueError, match="publishes no trained weights"):
         modnets.create_model("ni_digits_cpu", pretrained=True)
     assert modnets.create_model("ni_digits_cpu", num_functions=3).config.num_functions == 3
+    # a circuit's tokenizer takes its own overrides: another image size, other channels
+    small = modnets.create_model("nac_tiny_imagenet_cpu", image_size=32, out_channels=48)
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, small.config.num_outputs)
+    pio = modnets.create_model("pio_tiny_imagenet_cpu", image_size=32, in_channels=1)
+    assert pio(torch.randn(2, 1, 32, 32)).shape == (2, pio.config.num_outputs)
     assert modnets.list_models("nac_*") == ["nac_tiny_imagenet_cpu", "nac_tiny_imagenet_gpu"]
-    with pytest.raises(TypeError, match="create_model"):
+    with pytest.raises(TypeError, match="model is a Linear, not a modnets model"):
         modnets.save_pretrained(torch.nn.Linear(2, 2), "unused")
 
 
@@ -95,3 +101,100 @@ def test_a_damaged_folder_is_refused_naming_the_file(tmp_path):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         modnets.from_pretrained(folder)
+
+
+def test_a_saved_model_holds_every_field_so_a_changed_preset_does_not_change_it(
+    tmp_path, monkeypatch
+):
+    """Only the fields that differed from the preset were saved: a preset changed later changed
+    the loaded model. Now every argument is saved, and the preset is not read."""
+    from modnets.experiments import fuzzy_boolean as fb
+    from modnets.registry import _variants
+
+    torch.manual_seed(0)
+    model = modnets.create_model("ni_fuzzy_boolean_cpu").eval()
+    x = example_input("ni_fuzzy_boolean_cpu")
+    folder = modnets.save_pretrained(model, tmp_path / "ni")
+    preset = fb.FuzzyBooleanTrain.model_config  # the preset, changed after the save
+    monkeypatch.setattr(
+        fb.FuzzyBooleanTrain, "model_config", lambda t: preset(t).replace(num_iterations=3)
+    )
+    _variants.cache_clear()
+    assert modnets.create_model("ni_fuzzy_boolean_cpu").config.num_iterations == 3
+    back = modnets.from_pretrained(folder)
+    _variants.cache_clear()
+    with torch.no_grad():
+        assert back.config == model.config and torch.equal(back(x), model(x))
+
+
+def test_every_model_saves_and_loads_as_a_method_too(tmp_path):
+    """``model.save_pretrained`` and ``Class.from_pretrained`` (the Hugging Face convention), for a
+    model built without the registry; a part of one's own (a tokenizer) is saved with the weights
+    and passed again on loading, its name in the error otherwise."""
+    torch.manual_seed(0)
+    nac = modnets.create_model("nac_tiny_imagenet_cpu").eval()
+    mine = modnets.NeuralAttentiveCircuit(nac.config, nac.tokenizer).eval()
+    x = example_input("nac_tiny_imagenet_cpu")
+    back = modnets.NeuralAttentiveCircuit.from_pretrained(mine.save_pretrained(tmp_path / "nac"))
+    with torch.no_grad():
+        assert torch.equal(back(x), mine(x))
+    with pytest.raises(TypeError, match="holds a NeuralAttentiveCircuit, not a NeuralInterpreter"):
+        modnets.NeuralInterpreter.from_pretrained(tmp_path / "nac")
+
+    class Own(torch.nn.Module):  # a tokenizer of one's own
+        def __init__(self, tok):
+            super().__init__()
+            self.tok = tok
+
+        def forward(self, x):
+            return self.tok(x)
+
+    own = modnets.NeuralAttentiveCircuit(nac.config, Own(nac.tokenizer)).eval()
+    folder = own.save_pretrained(tmp_path / "own")
+    with pytest.raises(
+        TypeError, match=r"model.tokenizer is a .*Own.*load\(folder, tokenizer=\.\.\.\)"
+    ):
+        modnets.from_pretrained(folder)
+    torch.manual_seed(1)  # other weights: the folder's replace them
+    again = modnets.from_pretrained(folder, tokenizer=Own(copy.deepcopy(nac.tokenizer)))
+    with torch.no_grad():
+        assert torch.equal(again(x), own(x))
+    with pytest.raises(TypeError, match="not arguments of the saved"):
+        modnets.from_pretrained(tmp_path / "nac", head=None)
+
+
+def test_a_config_naming_other_code_is_refused(tmp_path):
+    folder = modnets.save_pretrained(modnets.create_model("ni_fuzzy_boolean_cpu"), tmp_path / "m")
+    record = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**record, "module": "os:system"}))
+    with pytest.raises(ValueError, match="only modnets classes"):
+        modnets.from_pretrained(folder)
+
+
+def test_the_typed_names_are_the_registry_s_and_the_package_says_it_is_typed():
+    """``create_model``'s overloads give a type checker each name's class: every registered name
+    is in exactly one, and builds that class; ``py.typed`` ships with the package."""
+    from pathlib import Path
+    from typing import get_args
+
+    import tomllib
+
+    from modnets import registry
+    from modnets.models.baselines import PerceiverIO, ViT
+    from modnets.models.nfm import ConvNet
+
+    typed = {
+        registry.NIName: modnets.NeuralInterpreter,
+        registry.ViTName: ViT,
+        registry.NACName: modnets.NeuralAttentiveCircuit,
+        registry.PerceiverIOName: PerceiverIO,
+        registry.ConvNetName: ConvNet,
+    }
+    names = [n for alias in typed for n in get_args(alias)]
+    assert sorted(names) == modnets.list_models()
+    for alias, cls in typed.items():
+        assert all(type(modnets.create_model(n)) is cls for n in get_args(alias))
+    root = Path(modnets.__file__).parent
+    assert (root / "py.typed").is_file()
+    project = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["modnets"]

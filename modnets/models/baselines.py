@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from modnets.nn.params import weight_decay_groups
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
+from modnets.pretrained import Pretrained
 from modnets.utils import check_input
 
 __all__ = ["TransformerBlock", "ViT", "PerceiverIO", "require_fields"]
@@ -96,7 +97,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class ViT(ClassTokenModel):
+class ViT(ClassTokenModel, Pretrained):
     """Vision-transformer baseline with the NI's tokeniser, CLS tokens and heads.
 
     Args:
@@ -123,6 +124,9 @@ class ViT(ClassTokenModel):
             TransformerBlock(config.dim, config.num_heads, config.mlp_hidden) for _ in range(depth)
         )
         self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
+
+    def arguments(self) -> dict:
+        return {"config": self.config, "depth": self.depth}
 
     def forward(self, x: Tensor) -> Tensor:
         """The logits ``(B, num_cls, num_outputs)`` of images ``(B, C, H, W)`` (or vectors, per
@@ -181,7 +185,7 @@ class _Layer(nn.Module):
         return z + _run_mlp(self.mlp, self.norm2(z), self.activation)
 
 
-class PerceiverIO(nn.Module):
+class PerceiverIO(nn.Module, Pretrained):
     """Perceiver IO for classification {cite}`jaegle2022perceiverio` built from a
     :class:`~modnets.models.nac.NACConfig` (``num_processors`` latents; NAC-only fields are ignored;
     any dataclass with :data:`PIO_FIELDS` will do).
@@ -217,6 +221,9 @@ class PerceiverIO(nn.Module):
         self.decode_mlp = _mlp(c.dim, c.ffn_hidden, c.activation)
         self.norm_out = nn.LayerNorm(c.dim)
         self.head = nn.Linear(c.dim, c.num_outputs)
+
+    def arguments(self) -> dict:
+        return {"config": self.config, "tokenizer": self.tokenizer}
 
     def forward(self, x: Tensor, latent_mask: Tensor | None = None) -> Tensor:
         """The logits ``(B, num_outputs)`` of tokens ``(B, N, input_dim)`` or what the tokenizer

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from modnets.nn.loc import LOC
 from modnets.nn.tokens import ClassTokenModel, ClassTokens, Heads, make_tokenizer
 from modnets.nn.type_matching import TypeInference, TypeMatching, random_signatures
+from modnets.pretrained import Pretrained
 from modnets.probes import probe
 from modnets.utils import check_input, positive_int
 
@@ -415,7 +416,7 @@ class Script(nn.Module):
         self.function_mask = self.function_mask[keep.to(self.function_mask.device)]
 
 
-class NeuralInterpreter(ClassTokenModel):
+class NeuralInterpreter(ClassTokenModel, Pretrained):
     """The Neural Interpreter of NI eq. 1: tokens and CLS tokens through ``n_s`` scripts.
 
     Shapes: images ``(B, C, H, W)`` or vectors ``(B, n[, f])`` -> logits ``(B, num_cls, num_outputs)``.
@@ -437,6 +438,9 @@ class NeuralInterpreter(ClassTokenModel):
         self.scripts = nn.ModuleList(Script(config) for _ in range(config.num_scripts))
         self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
 
+    def arguments(self) -> dict:
+        return {"config": self.config}
+
     def _per_script(self, value, name: str) -> list:
         if isinstance(value, list | tuple):
             if len(value) != len(self.scripts):
@@ -452,7 +456,8 @@ class NeuralInterpreter(ClassTokenModel):
         return_routing: bool = False,
     ) -> Tensor | NIOutput:
         """The logits ``(B, num_cls, num_outputs)`` of inputs ``x`` (images ``(B, C, H, W)`` or
-        vectors ``(B, input_dim)``, per the tokenizer); with ``return_routing`` an
+        vectors ``(B, input_dim)``, per the tokenizer): a row per CLS token, one per task (the
+        NAC and NFM give ``(B, num_outputs)``); with ``return_routing`` an
         :class:`NIOutput` with every script's compatibilities ``C`` and types. ``num_iterations``
         and ``function_mask`` (``(num_functions,)`` bool: which functions run) apply to every
         script, or take a list with one per script."""

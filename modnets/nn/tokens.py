@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from modnets.pretrained import Pretrained
+
 __all__ = [
     "PatchEmbedding",
     "ConvTokenizer",
@@ -39,6 +41,9 @@ class PatchEmbedding(nn.Module):
         self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
         self.pos = nn.Parameter(torch.randn(self.num_tokens, dim) * 0.02) if positions else None
 
+    def arguments(self) -> dict:
+        return dict(self._arguments)
+
     def forward(self, images: Tensor) -> Tensor:
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
@@ -57,7 +62,7 @@ class _ChannelsLastNorm(nn.LayerNorm):
         return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-class ConvTokenizer(nn.Module):
+class ConvTokenizer(nn.Module, Pretrained):
     """The convolutional preprocessor of NAC App. C (Tiny-ImageNet): a 64x64 image -> 8x8 tokens.
 
     ``conv k4 s4 + LN`` -> a ConvNeXt block {Liu et al., 2022} (7x7 depthwise conv, LN, linear
@@ -81,6 +86,13 @@ class ConvTokenizer(nn.Module):
         if image_size % 8:
             raise ValueError(f"image_size must be a multiple of 8, got {image_size}")
         self.image_size, self.in_channels = image_size, in_channels
+        self._arguments = dict(
+            image_size=image_size,
+            in_channels=in_channels,
+            hidden_channels=hidden_channels,
+            out_channels=out_channels,
+            pos_dim=pos_dim,
+        )
         c, self.num_tokens = hidden_channels, (image_size // 8) ** 2
         self.out_dim = out_channels + pos_dim
         self.stem = nn.Conv2d(in_channels, c, kernel_size=4, stride=4)
@@ -91,6 +103,9 @@ class ConvTokenizer(nn.Module):
         self.down = nn.Conv2d(c, out_channels, kernel_size=2, stride=2)
         self.down_norm = _ChannelsLastNorm(out_channels)
         self.pos = nn.Parameter(0.02 * torch.randn(self.num_tokens, pos_dim))
+
+    def arguments(self) -> dict:
+        return dict(self._arguments)
 
     def forward(self, images: Tensor) -> Tensor:
         expected = (self.in_channels, self.image_size, self.image_size)

@@ -17,6 +17,7 @@ from modnets.training.checkpoints import (
 from modnets.training.loop import fit
 from modnets.training.optim import OPTIMIZERS, SCHEDULES, TrainConfig, optimizer_for, warmup_cosine
 from modnets.training.runtime import (
+    AnyBatch,
     amp_dtype,
     autocast,
     compiler_available,
@@ -42,6 +43,7 @@ __all__ = [
     "r2_score",
     "compiler_available",
     "maybe_compile",
+    "AnyBatch",
     "save_checkpoint",
     "checkpoint_dir",
     "CheckpointError",

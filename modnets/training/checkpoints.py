@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -33,6 +34,50 @@ class CheckpointError(ValueError):
     """A checkpoint file is truncated, corrupted, or was written by something else."""
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """``path`` when a file can be written there (its folder made if missing); else an
+    ``OSError`` naming it, before any work that would end in writing it."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        raise OSError(
+            err.errno, f"cannot write the training state to {path}: {err.strerror}"
+        ) from None
+    return path
+
+
+def storable(value):
+    """``value`` with NumPy scalars as Python numbers and NumPy arrays as tensors, so that the
+    state loads with ``weights_only=True`` (an ``evaluate`` may return ``np.float64``)."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {k: storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(storable(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    return value
+
+
+def non_finite(state, where: str = "") -> str | None:
+    """The name of the first floating-point tensor in a nested ``state`` (dicts, lists, tensors)
+    that holds a NaN or an infinity, or None."""
+    if torch.is_tensor(state):
+        return where if state.is_floating_point() and not torch.isfinite(state).all() else None
+    if isinstance(state, dict | list | tuple):
+        for k, v in state.items() if isinstance(state, dict) else enumerate(state):
+            found = non_finite(v, f"{where}.{k}" if where else str(k))
+            if found is not None:
+                return found
+    return None
+
+
 CHECKPOINT_FORMAT = "modnets-train-state-v1"
 
 
@@ -41,10 +86,12 @@ def _rng_state() -> dict:
 
     import numpy as np
 
+    # NumPy's state as a tensor and plain numbers: a state file is read with weights_only=True
+    name, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002 (the global one)
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 (the global generator is what is restored)
+        "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
     }
     if torch.cuda.is_available():  # this rank's device only (rank 0 writes the checkpoint)
         state["cuda"] = torch.cuda.get_rng_state()
@@ -58,7 +105,9 @@ def _set_rng_state(state: dict) -> None:
 
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002 (seed_everything seeds the legacy state)
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    keys = keys.numpy().astype(np.uint32)
+    np.random.set_state((name, keys, pos, has_gauss, gauss))  # noqa: NPY002 (seed_everything seeds it)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"], device=torch.cuda.current_device())
 
@@ -68,11 +117,13 @@ def load_train_state(path: str | os.PathLike, map_location=None) -> dict:
     raises :class:`CheckpointError` naming the path."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as err:  # truncated zip, not a torch file, unpickling failure
+        # tensors and plain values only: unpickling anything else could run the file's code
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated zip, not a torch file, an object that is not allowed
         raise CheckpointError(
-            f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to "
-            "start afresh"
+            f"{path} is not a readable checkpoint ({type(err).__name__}): it is damaged, or "
+            "holds objects other than tensors and plain values, which modnets does not unpickle; "
+            "delete it to start afresh"
         ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(
@@ -161,14 +212,23 @@ class ResumableLoop:
         self.resumed = True
 
     def save(self) -> None:
+        """Write the state, unless a tensor of it is not finite (a NaN in the weights, the
+        optimiser or the logged loss): then ``FloatingPointError``, the last good state kept."""
         if self.path is None or not self.enabled:
             return
+        objects = {k: v.state_dict() for k, v in self.objects.items()}
+        bad = non_finite(objects)
+        if bad is not None:
+            raise FloatingPointError(
+                f"{bad} is not finite at step {self.step}: not saved, {self.path} keeps the last "
+                "finite state; lower TrainConfig.lr or set clip_grad_norm"
+            )
         save_checkpoint(
             {
                 "format": CHECKPOINT_FORMAT,
-                "config": self.config,
-                "objects": {k: v.state_dict() for k, v in self.objects.items()},
-                "history": self.history,
+                "config": storable(self.config),
+                "objects": objects,
+                "history": storable(self.history),
                 "step": self.step,
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
@@ -231,7 +291,11 @@ class ResumableLoop:
         self.batch_in_epoch += 1
         if getattr(self, "_interrupted", False):
             self.save()
-            where = f"; resume with --resume (state in {self.path})" if self.path else ""
+            where = (
+                f"; resume=True (--resume on the command line) goes on from {self.path}"
+                if self.path
+                else ""
+            )
             raise KeyboardInterrupt(f"interrupted after step {self.step}{where}")
         if self.save_every and self.step % self.save_every == 0:
             self.save()

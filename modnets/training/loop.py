@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 
 import torch
 from torch import Tensor, nn
 
-from modnets.training.checkpoints import ResumableLoop
+from modnets.training.checkpoints import ResumableLoop, check_writable
 from modnets.training.optim import TrainConfig, optimizer_for, warmup_cosine
 from modnets.training.runtime import amp_dtype, autocast, maybe_compile
 
@@ -128,6 +129,8 @@ def fit(
     from modnets.utils import progress
 
     _check_fit(config, n, batches, evaluate)
+    if state_path is not None and distributed.is_main():
+        check_writable(state_path)
     device = next(model.parameters()).device
     if config.channels_last:  # the parameters stay the same objects: only their strides change
         model.to(memory_format=torch.channels_last)
@@ -152,9 +155,19 @@ def fit(
     net = maybe_compile(net, config.compile)
     log_every = max(1, total // config.log_points)
     start = time.perf_counter()
-    # the state remembers the settings that shape the weights: a resume under others is refused
-    keyed = {f.name: getattr(config, f.name) for f in fields(config) if f.metadata.get("key", True)}
-    state_config = {"fit": keyed, **({} if state_config is None else {"run": state_config})}
+    # the state remembers what shapes the weights: the settings, the model and the length of the
+    # run (a resume under others is refused)
+    keyed = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.metadata.get("key", True)
+    }
+    state_config = {
+        "fit": keyed,
+        "model": _model_signature(model),
+        "steps": {"per_epoch": per_epoch, "total": total},
+        **({} if state_config is None else {"run": state_config}),
+    }
     with ResumableLoop(
         state_path,
         objects,
@@ -178,6 +191,7 @@ def fit(
             )
             for idx in source:
                 batch = items[idx.item()] if items is not None else distributed.shard(idx)
+                _check_batch(batch, epoch)
                 opt.zero_grad(set_to_none=True)
                 logged.add(_backward(step, net, batch, config, device, scaler))
                 _optimiser_step(opt, sched, params, config, scaler)
@@ -200,6 +214,17 @@ def fit(
     return history
 
 
+def _model_signature(model: nn.Module) -> dict:
+    """What a resumed state must be loaded into: the model's class, its configuration (a
+    dataclass ``config``, where it has one) and its parameters' shapes."""
+    config = getattr(model, "config", None)
+    out = {"class": type(model).__qualname__}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        out["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=repr))
+    out["parameters"] = {k: list(p.shape) for k, p in model.named_parameters()}
+    return out
+
+
 def _check_fit(config: TrainConfig, n, batches, evaluate) -> None:
     """The arguments of :func:`fit` that cannot go together, refused before any work."""
     if (n is None) == (batches is None):
@@ -208,6 +233,17 @@ def _check_fit(config: TrainConfig, n, batches, evaluate) -> None:
         raise ValueError(f"TrainConfig.best={config.best!r} needs an evaluate function")
     if config.accumulate > 1 and batches is not None:
         raise ValueError("TrainConfig.accumulate > 1 needs index batches (n), not batches()")
+
+
+def _check_batch(batch, epoch: int) -> None:
+    """An empty batch (or an empty tensor in one) would give a NaN loss that reads as a too high
+    learning rate: named here instead."""
+    parts = batch if isinstance(batch, list | tuple) else [batch]
+    if any(isinstance(t, Tensor) and t.dim() > 0 and len(t) == 0 for t in parts):
+        raise ValueError(
+            f"an empty batch in epoch {epoch + 1}: batches() gave one with no samples, or "
+            "batch_size is smaller than the number of processes"
+        )
 
 
 def _schedule(opt: torch.optim.Optimizer, config: TrainConfig, total: int):
@@ -280,6 +316,11 @@ def _evaluate(model, evaluate: Callable, config: TrainConfig, history, best, epo
     for k, v in metrics.items():
         history.setdefault(f"val_{k}", []).append(v)
     if config.best is not None:
+        if config.best not in metrics:
+            raise ValueError(
+                f"TrainConfig.best={config.best!r} must be a key of what evaluate returns, got "
+                f"{sorted(metrics)}"
+            )
         best.update(float(metrics[config.best]), epoch + 1, model)
         history["best_epoch"] = best.epoch
     shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}

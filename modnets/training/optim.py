@@ -72,6 +72,20 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
+        if isinstance(self.save_every, bool) or not isinstance(self.save_every, int):
+            raise TypeError(f"TrainConfig.save_every must be an int, got {self.save_every!r}")
+        if self.save_every < 0:
+            raise ValueError(
+                f"TrainConfig.save_every must be >= 0 (0: only at the end), got {self.save_every}"
+            )
+        for name in ("lr", "min_lr", "weight_decay", "warmup_fraction", "clip_grad_norm"):
+            v = getattr(self, name)
+            # a YAML file gives "1e-3" as a string, and True is an int to Python
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise TypeError(
+                    f"TrainConfig.{name} must be a number, got {v!r} ({type(v).__name__})"
+                    + (f": pass float({v!r})" if isinstance(v, str) else "")
+                )
         if not 0 < self.lr < math.inf:
             raise ValueError(f"TrainConfig.lr must be positive and finite, got {self.lr!r}")
         if not 0 <= self.min_lr <= self.lr:

@@ -106,3 +106,44 @@ def maybe_compile(module: nn.Module, enabled: bool = False) -> nn.Module:
         )
         return module
     return torch.compile(module)
+
+
+class AnyBatch(nn.Module):
+    """``module`` compiled for every batch size with at most one recompilation: a batch smaller
+    than ``min_batch`` is padded up to it (its first row repeated) and the padding cut from the
+    output. The compiler would otherwise make a graph for batch 1, another for 2-15 and, for a
+    model with convolutions, a third from 16 on (the convolution picks its kernel by batch
+    size); padded, the first call's graph serves every batch up to ``min_batch``, and one more
+    every batch above it. The module's outputs must be tensors (or tuples of them) whose first
+    dimension is the batch; each sample's output must not depend on the others (evaluation
+    mode). Attributes not its own are the module's (``compiled.config``). :func:`fit` trains at
+    one batch size and compiles for it (:func:`maybe_compile`)."""
+
+    def __init__(self, module: nn.Module, min_batch: int = 16, **compile_options):
+        super().__init__()
+        self.module, self.min_batch = module, min_batch
+        self.compiled = torch.compile(module, **compile_options)
+
+    def forward(self, *args, **kwargs):
+        batch = next((a.shape[0] for a in args if isinstance(a, Tensor) and a.dim() > 0), None)
+        if batch is None or batch == 0 or batch >= self.min_batch:
+            return self.compiled(*args, **kwargs)
+        pad = self.min_batch - batch
+
+        def padded(a):
+            if not (isinstance(a, Tensor) and a.dim() > 0 and a.shape[0] == batch):
+                return a
+            return torch.cat([a, a[:1].expand(pad, *a.shape[1:])])
+
+        out = self.compiled(*map(padded, args), **kwargs)
+        if isinstance(out, Tensor):
+            return out[:batch]
+        if isinstance(out, tuple) and all(isinstance(o, Tensor) for o in out):
+            return tuple(o[:batch] for o in out)
+        raise TypeError(f"AnyBatch needs tensor outputs, got {type(out).__name__}")
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("module"), name)

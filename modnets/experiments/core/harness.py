@@ -118,7 +118,7 @@ def load_or_train(
     model = fresh()
     if cache and path.exists():
         try:
-            state = torch.load(path, map_location=device or "cpu", weights_only=False)
+            state = torch.load(path, map_location=device or "cpu", weights_only=True)
             if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
                 raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} checkpoint")
             if extra and "extra" not in state:

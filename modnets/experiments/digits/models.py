@@ -111,7 +111,7 @@ def pretrain(
     # one file per epoch in a folder beside the state (epoch k: k.pt), each written once
     side = None if state_path is None or snapshots is None else Path(f"{state_path}.snapshots")
     saved = sorted(side.glob("*.pt"), key=lambda f: int(f.stem)) if resume and side else []
-    earlier = [torch.load(f, weights_only=False) for f in saved]
+    earlier = [torch.load(f, weights_only=True) for f in saved]
 
     def step(net, idx):
         return pretrain_loss(

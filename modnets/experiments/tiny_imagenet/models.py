@@ -201,11 +201,17 @@ def trained_model(
 # -- the models the registry offers (modnets.create_model) ----------------------------------------
 
 
+#: The overrides of a registered circuit that are its tokenizer's (the others are NACConfig's).
+TOKENIZER_FIELDS = ("image_size", "in_channels", "hidden_channels", "out_channels", "pos_dim")
+
+
 def _registered_circuit(kind: str, config: TinyImageNetConfig, **overrides) -> nn.Module:
     train = config.train
     model = NeuralAttentiveCircuit if kind == "nac" else PerceiverIO
-    nac = replace_fields(train.nac_config("scale_free"), overrides)
-    return model(nac, ConvTokenizer(**train.tokenizer))
+    own = {k: overrides.pop(k) for k in TOKENIZER_FIELDS if k in overrides}
+    tokenizer = ConvTokenizer(**{**train.tokenizer, **own})
+    overrides = {"input_dim": tokenizer.out_dim, **overrides}  # what the tokenizer gives
+    return model(replace_fields(train.nac_config("scale_free"), overrides), tokenizer)
 
 
 def _images(config: TinyImageNetConfig, batch: int) -> Tensor:

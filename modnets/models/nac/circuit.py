@@ -18,6 +18,7 @@ from modnets.nn.modulated import ModFC
 from modnets.nn.params import weight_decay_groups
 from modnets.nn.read_in import ReadIn
 from modnets.nn.skmdpa import link_probabilities
+from modnets.pretrained import Pretrained
 from modnets.probes import probe
 from modnets.utils import check_input
 
@@ -46,7 +47,7 @@ def mediators_only(design: CircuitDesign, R: int) -> CircuitDesign:
 GRAPH_REDUCTIONS = ("sum", "mean")
 
 
-class NeuralAttentiveCircuit(nn.Module):
+class NeuralAttentiveCircuit(nn.Module, Pretrained):
     """A Neural Attentive Circuit (NAC §2): generator + read-in + ``L`` propagators + read-out.
 
     Args:
@@ -106,6 +107,9 @@ class NeuralAttentiveCircuit(nn.Module):
                     m.alpha.requires_grad_(False)
 
     # -- the circuit ------------------------------------------------------------------------------
+    def arguments(self) -> dict:
+        return {"config": self.config, "tokenizer": self.tokenizer}
+
     def tokens(self, x: Tensor) -> Tensor:
         x = check_input(x, self)
         t = self.tokenizer(x) if self.tokenizer is not None else x

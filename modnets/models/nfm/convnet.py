@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.models.nfm.network import NFMNetwork
+from modnets.pretrained import Pretrained
 from modnets.utils import check_input, positive_int
 
 BLOCKS = ("plain", "preact")
@@ -47,7 +48,7 @@ class _PreActBlock(nn.Module):
         return self.shortcut(h) + self.conv2(F.relu(self.bn2(self.conv1(h))))
 
 
-class ConvNet(nn.Module):
+class ConvNet(nn.Module, Pretrained):
     """NFM App. C's CNN for stacked MNIST, optionally with NFM: NFM(CNN).
 
     A 3x3 stem convolution with ``width`` channels at full resolution, then ``num_blocks`` stages
@@ -96,6 +97,16 @@ class ConvNet(nn.Module):
                 f"image_size={image_size} must be divisible by 2**num_blocks={2**num_blocks}"
             )
         self.in_channels, self.image_size = in_channels, image_size
+        self._arguments = dict(
+            in_channels=in_channels,
+            num_outputs=num_outputs,
+            width=width,
+            num_blocks=num_blocks,
+            image_size=image_size,
+            block=block,
+            norm=norm,
+            pool=pool,
+        )
         self.dims = tuple(width * 2**i for i in range(num_blocks + 1))
         self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU())
         make = (
@@ -117,6 +128,9 @@ class ConvNet(nn.Module):
         self.head = nn.Linear(features, num_outputs)
         self.nfm_config = None if nfm is None else dict(nfm)
 
+    def arguments(self) -> dict:
+        return {**self._arguments, "nfm": self.nfm_config}
+
     def _nfm(self, stages, nfm: dict) -> NFMNetwork:
         return NFMNetwork(stages, self.dims, **{"placement": "after", **nfm})
 
@@ -136,8 +150,8 @@ class ConvNet(nn.Module):
         return new
 
     def forward(self, x: Tensor, return_details: bool = False):
-        """The logits of images ``x`` ``(B, 1, H, W)``; with ``return_details`` (NFM only) also
-        the body's :class:`NFMOutput` (reads, states)."""
+        """The logits ``(B, num_outputs)`` of images ``x`` ``(B, in_channels, H, W)``; with
+        ``return_details`` (NFM only) also the body's :class:`NFMOutput` (reads, states)."""
         h0 = self.stem(self._check_shape(check_input(x, self)))
         if return_details:
             if self.nfm is None:
