@@ -228,6 +228,15 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     assert d.decided == "reproduced" and d.smaller
     sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: small})})
     assert f"(with an effect smaller than the paper's: `{cid}`)" in sentence
+    # an inconclusive claim says why: smaller than the paper's (its intervals exclude it), or
+    # underpowered (they hold both the paper's effect and the threshold)
+    below = [0.001, -0.002, 0.0, 0.002]  # around 0, far below the paper's 0.0655
+    wide = [-0.05, 0.15, 0.0, 0.12]  # around the paper's effect, wide
+    for values, why in ((below, "with an effect smaller than the paper's"), (wide, "underpowered")):
+        (f,) = evidence.agreements([_record({cid: values})], "NI")
+        assert f.decided == "inconclusive"
+        sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: values})})
+        assert f"both find `{cid}` inconclusive" in sentence and why in sentence
 
 
 def test_the_build_check_flags_a_seed_outside_the_records_range():

@@ -268,9 +268,26 @@ def evidence_sentence(records: dict) -> str:
             small = [a.id for a in yes if a.smaller]
             note = f" (with an effect smaller than the paper's: {_ids(small)})" if small else ""
             parts.append(f"both seed sets reproduce {_ids([a.id for a in yes])}{note}")
-        for verdict in ("not reproduced", "inconclusive", "not testable here"):
-            if by.get(verdict):
-                parts.append(f"both find {_ids([a.id for a in by[verdict]])} {verdict}")
+        if by.get("not reproduced"):
+            parts.append(f"both find {_ids([a.id for a in by['not reproduced']])} not reproduced")
+        # an inconclusive claim says why: its effect is smaller than the paper's (both sets'
+        # intervals exclude the paper's effect), or the seeds cannot tell (underpowered)
+        small = [a.id for a in by.get("inconclusive", []) if a.smaller]
+        weak = [a.id for a in by.get("inconclusive", []) if not a.smaller]
+        if small:
+            parts.append(
+                f"both find {_ids(small)} inconclusive with an effect smaller than the paper's "
+                "(their intervals exclude it)"
+            )
+        if weak:
+            parts.append(
+                f"both find {_ids(weak)} inconclusive, underpowered (their intervals hold the "
+                "paper's effect and the threshold)"
+            )
+        if by.get("not testable here"):
+            parts.append(
+                f"both find {_ids([a.id for a in by['not testable here']])} not testable here"
+            )
         for a in by.get("undecided", []):
             gave = " and ".join(f"{a.verdicts[k]} on the {k} seeds" for k in a.verdicts)
             parts.append(f"{_ids([a.id])} is open ({gave}): {a.note}")
