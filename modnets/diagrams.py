@@ -231,26 +231,22 @@ def neural_attentive_circuit():
 
 
 def neural_function_modules():
-    """NFM Algorithm 1: ``N`` blocks run for ``K`` passes; each writes its state to a memory
-    that every later read attends to (sparsely, top-k, with a default slot)."""
+    """NFM Algorithm 1: ``N`` blocks run for ``K`` passes; each pass starts again from the input
+    (``h(0) := x``) and each block writes its state to a memory that every later read attends to
+    (sparsely, top-k, with a default slot): a pass hands nothing to the next but the memory."""
     fig, ax = _canvas(10, 4.2, "Neural Function Modules (NFM Algorithm 1, NFM eqs. 1-3)")
     N, K = 4, 2
-    for k in range(K):
-        y = 2.6 - 1.55 * k
-        ax.text(0.2, y + 0.35, f"pass {k + 1}", fontsize=9, style="italic")
+    rows = [2.6 - 1.55 * k for k in range(K)]
+    _box(ax, 0.1, rows[-1], 0.8, rows[0] - rows[-1] + 0.7, "input\n$x$", "data", size=8)
+    for k, y in enumerate(rows):
+        ax.text(1.3 + 1.55 * N - 0.35, y + 0.3, f"pass {k + 1}", fontsize=8, style="italic")
+        _arrow(ax, (0.9, y + 0.35), (1.3, y + 0.35))  # h(0) := x, every pass
         for i in range(N):
             x = 1.3 + 1.55 * i
             _box(ax, x, y, 1.1, 0.7, f"block {i + 1}\n+ NFM read", "module", size=8)
             if i:
                 _arrow(ax, (x - 0.45, y + 0.35), (x, y + 0.35))
             _arrow(ax, (x + 0.55, y + 0.7), (x + 0.55, 3.6), style="-", color="#cccccc")
-    _arrow(
-        ax,
-        (1.3 + 1.55 * (N - 1) + 1.1, 2.95),
-        (1.85, 1.75),
-        color="#555555",
-        connectionstyle="arc3,rad=-0.25",
-    )
     _box(
         ax,
         1.3,
@@ -275,7 +271,7 @@ def neural_function_modules():
     ax.text(
         1.3,
         0.35,
-        "each block keeps its own parameters; pass 2 reads what pass 1 wrote (top-down feedback)",
+        "each pass starts again from $x$; pass 2 reads what pass 1 wrote through the memory only",
         fontsize=7.5,
         color="#666666",
     )

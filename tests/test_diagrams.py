@@ -47,3 +47,30 @@ def test_each_diagram_names_the_parts_of_its_architecture(name):
 def test_an_unknown_diagram_names_the_known_ones():
     with pytest.raises(ValueError, match="neural_interpreter"):
         diagrams.draw("transformer")
+
+
+def test_nfm_passes_start_from_the_input_and_meet_only_through_the_memory():
+    """NFM Algorithm 1 sets h(0) := x at every pass: no arrow may run from one pass's blocks into
+    the next pass's, and an arrow from the input reaches the first block of each pass."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig = diagrams.draw("neural_function_modules")
+    ax = fig.axes[0]
+    boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    label = {t.get_text(): t.get_position() for t in ax.texts}
+    blocks = [b for b in boxes if b.get_width() < 1.2 and b.get_height() < 0.8]
+    rows = sorted({round(b.get_y(), 3) for b in blocks}, reverse=True)  # pass 1 on top
+    assert len(rows) == 2 and label  # two passes drawn
+
+    def row_of(point):
+        x, y = point
+        return next((r for r in rows if r <= y <= r + 0.7 and x >= 1.3), None)
+
+    arrows = [a._posA_posB for a in ax.patches if isinstance(a, FancyArrowPatch)]
+    crossing = [
+        (a, b) for a, b in arrows if None not in (row_of(a), row_of(b)) and row_of(a) != row_of(b)
+    ]
+    assert crossing == [], "an arrow runs from one pass into another"
+    first = [(a, b) for a, b in arrows if a[0] < 1.3 and b[0] == pytest.approx(1.3)]
+    assert sorted(round(b[1] - 0.35, 3) for _, b in first) == sorted(rows)  # x into every pass
+    plt.close(fig)
