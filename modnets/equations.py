@@ -233,7 +233,7 @@ EQUATIONS: tuple[Equation, ...] = (
     ),
     _nac(
         5,
-        r"read-in: $\hat y_u = \sum_j \mathrm{softmax}_j(q_u \cdot k_{uj} / \sqrt{d}) v_{uj}$, $y_u = \mathrm{ModFC}(\hat y_u, c_u)$, $\theta^{(1)}_u = \mathrm{ModFFN}(y_u, c_u)$",
+        r"read-in: $\hat y_u = \sum_j \mathrm{softmax}_j(q_u \cdot k_{uj} / \sqrt{d}) v_{uj}$, $y_u = \mathrm{ModFC}(\hat y_u, c_u)$, $\theta^{(1)}_u = \mathrm{ModFFN}(y_u, c_u)$ (the softmax is ours: NAC eq. 5 as extracted prints none)",
         "modnets.nn.read_in.ReadIn",
         "tests/test_read_in.py::test_factorised_equals_naive",
         "09_neural_attentive_circuit",

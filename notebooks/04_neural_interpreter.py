@@ -416,8 +416,9 @@ fig.tight_layout()
 # %% [markdown]
 # The loss is best at the trained number of iterations (dashed line) and degrades as we cut
 # computation; running longer than trained is not free either, since this model never learned to
-# be stable beyond three iterations. Chapter 6 revisits this on images, where the paper trains
-# for it.
+# be stable beyond three iterations. Chapter 6 measures it on the digits NI, as our own check:
+# the paper shows anytime inference (Fig. 8) on its PGM model of §4.3, trained with a fixed
+# number of function iterations.
 
 # %% [markdown]
 # ## Adding and removing functions

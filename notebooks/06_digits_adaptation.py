@@ -428,7 +428,8 @@ for name in data.names:
         capsize=3,
         label=digits.DATASET_NAMES[name],
     )
-    # Fig. 8: accuracy with n function iterations at test time, mean ± sd over seeds
+    # anytime inference (ours; the paper's Fig. 8 is its PGM model): accuracy with n function
+    # iterations at test time, mean ± sd over seeds
     stats = [over_seeds([r["anytime"][n][name] for r in ni_runs]) for n in its]
     axes[1].errorbar(
         [int(n) for n in its],
@@ -446,7 +447,7 @@ axes[0].set(
 )
 axes[1].axvline(ni_cfg.num_iterations, color="gray", ls="--", lw=1)
 axes[1].set(
-    xlabel="function iterations at test time", title="Fig. 8: anytime inference"
+    xlabel="function iterations at test time", title="Anytime inference (ours, after NI Fig. 8)"
 )
 for ax in axes:
     ax.legend(fontsize=8)
@@ -455,7 +456,7 @@ fig.tight_layout()
 # %% [markdown]
 # Left (Fig. 5c): dropped functions are masked (equivalently, removed): their signatures and codes
 # are gone, and tokens that matched only them pass through the interpreter unchanged. Right
-# (Fig. 8): the dashed line is the number of iterations used in training. Fewer iterations cost
+# (anytime inference, our check after NI Fig. 8): the dashed line is the number of iterations used in training. Fewer iterations cost
 # less compute (each iteration is one pass of the interpreter); the curve shows what that costs in
 # accuracy, and the points right of the line what running longer than trained does.
 

@@ -583,7 +583,8 @@ plt.tight_layout()
 # ## Table 5 beside ours
 #
 # The paper's numbers are after 300 epochs at full width; ours are the active profile's (for
-# `cpu`: a quarter of the width, 6,000 instead of 30,000 canvases per training count, the CNN's
+# `cpu`: a quarter of the width, 6,000 canvases per training count (App. C gives no count; the
+# `gpu` profile's 30,000 is our choice), the CNN's
 # 8 epochs and 1 more of each model), as mean ± sd over seeds, so compare the *shape* across
 # digit counts and the gap between the two models, not the absolute level.
 
@@ -885,8 +886,9 @@ display(Markdown(verdict_sentences(results["claims"])))
 # * `python -m modnets.experiments.stacked_mnist --profile cpu --out results.json` runs the same
 #   experiment from the command line and prints the same claims.
 #
-# Next, chapter 12 turns to performance: where the time of these architectures goes and how to
-# make them fast.
+# Next, chapter 11b puts the three architectures side by side on one task and one budget, and
+# chapter 12 turns to performance: where the time of these architectures goes and how to make
+# them fast.
 
 # %% [markdown]
 # ## Exercises

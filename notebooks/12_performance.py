@@ -204,7 +204,7 @@ for key in ("ni_fused", "ni_vs_transformer"):
     print(benchmarks.format_result(results[key]), "\n")
 
 # %% [markdown]
-# The transformer's attention goes through the same fused kernel, so at 18 or 25 tokens it pays
+# The transformer's attention goes through the same fused kernel, so at 6 or 25 tokens it pays
 # the same fixed cost. The NI's extra work, the modulation, type matching and pooling, is what the
 # ratio measures.
 #
@@ -214,7 +214,7 @@ for key in ("ni_fused", "ni_vs_transformer"):
 # takes per step (the fused step minus that one), `mixing_budget_ms` what a 1.3x faster step
 # would leave it, and `mixing_arithmetic_ms` the mixing's bare products and softmax, forward and
 # backward, with no copies or element-wise work: no way of writing the mixing in torch's
-# operators does less. Where the bare arithmetic exceeds the budget, as it does at 18 tokens on
+# operators does less. Where the bare arithmetic exceeds the budget, as it does at 6 tokens on
 # two CPU cores, the 1.3x goal for the step is out of reach whatever the kernel; the modulated
 # projections, the MLPs and the type matching are most of the step. The digits NI learns a
 # relative-position bias, so on a CPU its fused step runs torch's math kernel (see above).
@@ -404,7 +404,7 @@ else:
 # | same, NAC Tiny-ImageNet shapes | 1.05-1.17x | 1.12-1.37x | |
 # | vectorised vs loop, U = 1 / 16 | 1.03x / 12x | 1.00x / 15x | |
 # | fused vs NI eq. 7, gpu digits (67 tokens) | 1.03x | 1.11x | fused: Inductor error |
-# | fused vs NI eq. 7, cpu digits (18 tokens) | 1.10x | | 0.82x |
+# | fused vs NI eq. 7, cpu digits as it then was (8 x 8 patches: 18 tokens; now 6) | 1.10x | | 0.82x |
 # | NI vs its transformer, gpu digits | 2.3x | 4.1x | 1.54x (NI eq. 7) |
 # | NI step, % of matmul FLOP/s (NAC step) | 1.6 % (48 %) | 0.1 % (3.7 %) | |
 # | peak memory of an NI step, gpu digits, NI eq. 7 -> fused | 5,050 -> 4,840 MiB | 3,635 -> 3,578 MiB | |
