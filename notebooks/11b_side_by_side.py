@@ -309,6 +309,24 @@ print(wrap(sbs.advice(results)))
 #   seeds cannot place it (see its mde).
 # :::
 #
+# ## Summary
+#
+# * Six models of about the same size, trained on one task with one budget: the bars of *At a
+#   glance* and the computed lines of *What to use when* rank them measure by measure, and say
+#   which leads are clear at these seeds and which are within their noise.
+# * Each architecture's promise is tested against its own plain counterpart (NI against the
+#   ViT, NAC against Perceiver IO, NFM(CNN) against the CNN), paired by seed; the verdicts and
+#   their smallest detectable effects are in *Claims*. They are our checks, not the papers':
+#   each paper tests its promise on its own task (chapters 5, 6, 10 and 11).
+# * **The CNN's head limits the NFM claim.** This chapter's CNN reads its last map with a
+#   global maximum ("is this digit anywhere?"), which does not depend on how many digits a
+#   canvas holds. Chapter 11 argues that such a head cannot show the out-of-distribution dip
+#   that NFM is meant to close, and trains a flattened head for that reason. Here NFM(CNN) is
+#   compared with a baseline that does not fail the way NFM repairs, so whatever its verdict,
+#   it says little about NFM's promise; chapter 11 tests that promise.
+# * The other limits (scale, an easy layout, one task built from MNIST, few-shot finetuning of
+#   every parameter, dropping orders) are in the note above.
+#
 # ## Exercises
 #
 # 1. **Where the budget goes.** Which model's training step costs the most per parameter, and
