@@ -43,9 +43,15 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     ran) takes the seeds the pilot's spread asks for; both sets are disjoint from each other and
     from the pilot; every seed has its sealed record; the record decides each claim under both
     sets; a second call measures nothing again."""
+    from modnets.training import checkpoint_dir
+
     toy = get("fuzzy_boolean")
+    before = set(checkpoint_dir().glob("*.pt"))
     record = evidence.evidence(toy, "smoke", QUIET, root=tmp_path)
     folder = evidence.record_folder(toy.name, "smoke", tmp_path)
+    # the run trains into checkpoints of its own: never a book build's model, nor one for it
+    assert set(checkpoint_dir().glob("*.pt")) == before
+    assert list((checkpoint_dir() / "evidence").glob(f"{toy.name}*.pt"))
     plan = record.plan
     assert json.loads((folder / "plan.json").read_text())["n"] == plan.n
     assert evidence.MIN_SEEDS <= plan.n <= evidence.CAP

@@ -24,10 +24,12 @@ command that renews them: :mod:`modnets.experiments.core.renewal`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -185,18 +187,38 @@ def measurement_fingerprint(experiment: Experiment) -> str:
     return logic_fingerprint(experiment.measure, experiment.summarise)
 
 
+@contextlib.contextmanager
+def _own_checkpoints():
+    """Checkpoints of evidence runs kept apart (``<checkpoint_dir>/evidence``): a seed record is
+    measured from models its own run trained (and a resumed run reloads), never from a model a
+    book build trained in another process layout, which rounds otherwise."""
+    from modnets.training import checkpoint_dir
+
+    before = os.environ.get("MODNETS_CHECKPOINTS")
+    os.environ["MODNETS_CHECKPOINTS"] = str(checkpoint_dir() / "evidence")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MODNETS_CHECKPOINTS", None)
+        else:
+            os.environ["MODNETS_CHECKPOINTS"] = before
+
+
 def measure_seed(
     experiment: Experiment, profile: str, seed: int, options: RunOptions | None = None
 ) -> dict:
     """``experiment`` at ``profile`` measured at ``seed`` alone: its results without claims (a
-    set decides those), with the provenance of this process, sealed."""
+    set decides those), with the provenance of this process, sealed; its models trained in this
+    process layout or loaded from an evidence run's own checkpoints (:func:`_own_checkpoints`)."""
     from modnets.training import compiler_available
 
     options = resolved(options, {})
     start = time.perf_counter()
     config = configured(experiment, profile, [seed])
     workers = harness.workers_for(options.workers, profile, options.device)
-    measured = experiment.measure(config, dataclasses.replace(options, workers=workers))
+    with _own_checkpoints():
+        measured = experiment.measure(config, dataclasses.replace(options, workers=workers))
     provenance = harness.provenance(start, experiment.code)
     provenance["measurement_fingerprint"] = measurement_fingerprint(experiment)
     provenance["cpu"] = _cpu_model()
