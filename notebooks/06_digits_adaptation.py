@@ -447,7 +447,8 @@ axes[0].set(
 )
 axes[1].axvline(ni_cfg.num_iterations, color="gray", ls="--", lw=1)
 axes[1].set(
-    xlabel="function iterations at test time", title="Anytime inference (ours, after NI Fig. 8)"
+    xlabel="function iterations at test time",
+    title="Anytime inference (ours, after NI Fig. 8)",
 )
 for ax in axes:
     ax.legend(fontsize=8)
