@@ -428,8 +428,8 @@ for name in data.names:
         capsize=3,
         label=digits.DATASET_NAMES[name],
     )
-    # anytime inference (ours; the paper's Fig. 8 is its PGM model): accuracy with n function
-    # iterations at test time, mean ± sd over seeds
+    # anytime inference (ours; the paper's Fig. 8 is its PGM model):
+    # accuracy with n function iterations at test time, mean ± sd over seeds
     stats = [over_seeds([r["anytime"][n][name] for r in ni_runs]) for n in its]
     axes[1].errorbar(
         [int(n) for n in its],
