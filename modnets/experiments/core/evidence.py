@@ -70,6 +70,7 @@ __all__ = [
     "read_seed",
     "seal",
     "seed_path",
+    "write_seed",
 ]
 
 #: Where the records are committed: ``<RECORDS>/<profile>/<experiment>/``.
@@ -344,14 +345,23 @@ def plan_from_pilot(pilot: dict, *, cap: int = CAP, min_seeds: int = MIN_SEEDS) 
 # ----------------------------------------------------------------------------- the run
 
 
+def write_seed(path: Path, record: dict) -> None:
+    """Write a seed record to ``path`` at once (never half-written), sealed as it is now."""
+    record = {k: v for k, v in record.items() if k != "seal"}
+    with atomic_file(path) as tmp:
+        tmp.write_text(
+            json.dumps({**record, "seal": seal(record)}, indent=1, allow_nan=True) + "\n"
+        )
+
+
 def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
     todo = [s for s in seeds if not seed_path(folder, s).exists()]
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
     for seed in todo:
-        record = measure_seed(experiment, profile, seed, options.quiet())
-        with atomic_file(seed_path(folder, seed)) as tmp:
-            tmp.write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
+        write_seed(
+            seed_path(folder, seed), measure_seed(experiment, profile, seed, options.quiet())
+        )
         bar.update(1)
     bar.close()
     return [read_seed(seed_path(folder, s)) for s in seeds]

@@ -23,12 +23,11 @@ from modnets.experiments.core.evidence import (
     measurement_fingerprint,
     read_plan,
     read_seed,
-    seal,
+    write_seed,
 )
 from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.core.fingerprints import code_fingerprint
 from modnets.experiments.core.options import RunOptions, resolved
-from modnets.utils import atomic_file
 
 __all__ = ["Problem", "problems", "same_measurement", "Renewal", "renew"]
 
@@ -126,14 +125,6 @@ class Renewal:
     removed: list[int]
 
 
-def _write_seed(path: Path, record: dict) -> None:
-    record = {k: v for k, v in record.items() if k != "seal"}
-    with atomic_file(path) as tmp:
-        tmp.write_text(
-            json.dumps({**record, "seal": seal(record)}, indent=1, allow_nan=True) + "\n"
-        )
-
-
 def renew(
     experiment: Experiment,
     profile: str,
@@ -177,10 +168,10 @@ def renew(
             }
             now = {k: new["provenance"][k] for k in ("code_fingerprint", "measurement_fingerprint")}
             renewed = [*prov.get("renewed", []), history]
-            _write_seed(p, {**record, "provenance": {**prov, **now, "renewed": renewed}})
+            write_seed(p, {**record, "provenance": {**prov, **now, "renewed": renewed}})
             stamped.append(record["seed"])
     else:
-        _write_seed(path, new)
+        write_seed(path, new)
         for p, record in stale.items():
             p.unlink()
             removed.append(record["seed"])
