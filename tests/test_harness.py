@@ -173,6 +173,31 @@ def test_code_fingerprint_follows_imports_and_function_sources(tmp_modules):
     sys.modules.pop("modnets_fp_c", None)
     with pytest.raises(TypeError, match="modules"):
         harness.code_fingerprint(3)
+
+
+def test_code_fingerprint_follows_what_the_code_does_not_its_words(tmp_modules):
+    """A reworded docstring or comment, or a reformatted line, keeps a model's fingerprint (and
+    the records trained with it); a changed token changes it."""
+    code = '"""{doc}"""\n\n\ndef f(x):\n    """{doc}"""\n    return x + {k}  # {note}\n'
+    fingerprints._module_closure.cache_clear()
+
+    def fingerprint(doc: str, k: str) -> str:
+        text = code.format(doc=doc, k=k, note=doc.split()[-1])
+        (tmp_modules / "modnets_fp_b.py").write_text(text)
+        return harness.code_fingerprint("modnets_fp_a")
+
+    base = fingerprint("adds one", "1")
+    assert fingerprint("adds 1\n\n    to x", "1") == base
+    assert fingerprint("adds one", "(\n        1\n    )") != base  # brackets are tokens
+    assert fingerprint("adds one", "2") != base
+
+
+def test_code_text_reads_an_f_string_as_one_token_on_every_python():
+    """Python 3.12 splits an f-string into tokens, earlier versions do not: the text a
+    fingerprint hashes is the same on both, so records stay fresh on the reader's Python."""
+    text = fingerprints.code_text('x = f"{a + b}!" f\'{f"{c}"}\'  # why\n')
+    want = ["x", "=", 'f"{a + b}!"', "f'{f\"{c}\"}'", "NEWLINE", "ENDMARKER"]
+    assert text == "\x1f".join(want).encode()
     # "from modnets import distributed" is that module, not the package (and every architecture)
     closure = fingerprints._module_closure("modnets.training")
     assert "modnets.distributed" in closure and "modnets" not in closure

@@ -10,10 +10,12 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import sys
 import textwrap
+import tokenize
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -113,8 +115,64 @@ def _import_name(obj: Callable) -> str:
     return name
 
 
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """The lines of every module, class and function docstring in ``tree``."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return lines
+
+
+def code_text(source: str) -> bytes:
+    """What ``source`` does, as text: its tokens without comments, docstrings or line breaks
+    inside brackets, so that rewording and reformatting keep a fingerprint and any change to the
+    code changes it. Tokens rather than a syntax tree: ``ast.dump`` prints differently from one
+    Python version to the next, tokens do not."""
+    source = textwrap.dedent(source)
+    lines = source.splitlines(keepends=True)
+    docs = _docstring_lines(ast.parse(source))
+    kept, fstring = [], []  # fstring: where each open f-string starts (Python >= 3.12)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == _FSTRING_START:
+            fstring.append(tok.start)
+        elif fstring:
+            # an f-string as one token, as Python < 3.12 reads it, which splits none
+            if tok.type == _FSTRING_END and len(fstring) == 1:
+                kept.append(_between(lines, fstring.pop(), tok.end))
+            elif tok.type == _FSTRING_END:
+                fstring.pop()
+        elif tok.type in (tokenize.COMMENT, tokenize.NL) or tok.start[0] in docs:
+            continue
+        else:
+            # indentation by its kind: the block structure, not its width
+            kept.append(tokenize.tok_name[tok.type] if tok.type in _LAYOUT else tok.string)
+    return "\x1f".join(kept).encode()
+
+
+def _between(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The source text from ``start`` to ``end`` (tokenize's (line, column), lines from 1)."""
+    (r0, c0), (r1, c1) = start, end
+    if r0 == r1:
+        return lines[r0 - 1][c0:c1]
+    return lines[r0 - 1][c0:] + "".join(lines[r0 : r1 - 1]) + lines[r1 - 1][:c1]
+
+
+_FSTRING_START = getattr(tokenize, "FSTRING_START", None)
+_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
+_LAYOUT = (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.ENDMARKER)
+
+
 def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
-    """A hash of the library code a trained model depends on.
+    """A hash of the library code a trained model depends on (:func:`code_text`: what it does,
+    not how it is worded).
 
     Each part is a module (or its dotted name), hashed with every ``modnets`` module it imports,
     or a function or class, hashed by its own source and that of every function or class of its
@@ -127,11 +185,9 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
             name = part if isinstance(part, str) else part.__name__
             for mod in _module_closure(name):
                 origin = importlib.util.find_spec(mod).origin
-                h.update(mod.encode() + b"\0" + Path(origin).read_bytes() + b"\0")
+                h.update(mod.encode() + b"\0" + code_text(Path(origin).read_text()) + b"\0")
         elif callable(part):
-            for f in _referenced(part):
-                h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
-                h.update(_source(f)[0].encode() + b"\0")
+            h.update(_functions_text(part))
         else:
             raise TypeError(
                 f"code parts must be modules, module names or functions, got {type(part).__name__}"
@@ -139,26 +195,22 @@ def code_fingerprint(*parts: ModuleType | str | Callable) -> str:
     return h.hexdigest()[:16]
 
 
+def _functions_text(fn: Callable) -> bytes:
+    """``fn`` and the helpers it names (:func:`_referenced`), each by name and :func:`code_text`."""
+    out = b""
+    for f in _referenced(fn):
+        try:
+            text = code_text(_source(f)[0])
+        except (OSError, TypeError):  # no source: hashed by name alone
+            text = b""
+        out += f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0" + text + b"\0"
+    return out
+
+
 def logic_fingerprint(*fns: Callable) -> str:
     """A hash of what functions do: each with the helpers :func:`code_fingerprint` hashes with
-    it, by its syntax tree without docstrings or comments, so that rewording them keeps it."""
-    h = hashlib.sha256()
-    for fn in fns:
-        for f in _referenced(fn):
-            tree = ast.parse(textwrap.dedent(_source(f)[0]))
-            for node in ast.walk(tree):
-                body = getattr(node, "body", None)
-                if (
-                    isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
-                    and body
-                    and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)
-                ):
-                    node.body = body[1:] or [ast.Pass()]
-            h.update(f"{_import_name(f)}.{f.__qualname__}".encode() + b"\0")
-            h.update(ast.dump(tree).encode() + b"\0")
-    return h.hexdigest()[:16]
+    it, by :func:`code_text`, so that rewording their docstrings and comments keeps it."""
+    return hashlib.sha256(b"".join(_functions_text(fn) for fn in fns)).hexdigest()[:16]
 
 
 def data_fingerprint(*paths: str | os.PathLike) -> str:
