@@ -322,7 +322,7 @@ class ModMLP(nn.Module):
 class ModFFN(nn.Module):
     """Modulated feed-forward network of NAC (§2, App. B.1): ``ModFC -> act -> ModFC``.
 
-    Both ModFCs read the same code. ``activation="geglu"`` (NAC's Tiny-ImageNet setting) makes
+    Both ModFCs read the same code. ``activation="geglu"`` (NAC Table 4; the public Tiny-ImageNet run uses GELU) makes
     the first layer ``d_in -> 2 d_hidden`` and gates one half with GELU of the other;
     ``"gelu"`` is the plain two-layer form that App. B.1 counts. The pre-LayerNorm, LayerScale
     and DropPath around it belong to the NAC block, not to this layer.

@@ -10,8 +10,7 @@ read an element only when the two are close (NI §2, NI eqs. 2-3)::
 
 Direction of the truncation: the extracted NI eq. 3 reads "if d > tau", but the prose ("if this
 compatibility is larger than a threshold, f_u is permitted access") and the public code keep pairs
-whose distance is *below* tau. We follow the prose and the code; a failed public reproduction
-inverted this mask.
+whose distance is *below* tau. We follow the prose and the code.
 """
 
 from __future__ import annotations

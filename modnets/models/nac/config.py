@@ -90,10 +90,14 @@ class NACConfig:
             branches (the public code's ``nc_full_tiny_imnet.yml``: 0.1; Table 4 lists none;
             ``None`` turns it off).
         drop_path: DropPath (stochastic depth) probability on the propagators' residual branches
-            in training (public code: 0.1; its read-out has none, nor has ours).
+            in training (public code: 0.1, which its Tiny-ImageNet run also applies to the
+            read-out's branches; ``nc_full`` and ``INET-110E`` give the read-out none, nor does
+            modnets).
         code_noise: in training, each receiving module's code is scaled by ``1 + U(-a, a)``
             feature-wise (public code's ``VectorScaleNoise``, ``a = 0.05``; 0 turns it off).
-        state_noise: in training, initial states are ``mu(c) + sigma(c) * N(0, 1)`` per example,
+        state_noise: in training, the processor modules' initial states are
+            ``mu(c) + sigma(c) * N(0, 1)`` per example (the public seeder noises the read-out's
+            too; here it starts from ``mu(c)``),
             ``log sigma^2`` a linear map of the code with bias -5 (public code's latent seeder);
             evaluation uses ``mu(c)``. Only with ``initial_states="codes"``.
         per_example_kernel: one Concrete kernel sample per example in training (public code);

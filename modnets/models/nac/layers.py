@@ -121,7 +121,8 @@ class ReadOut(nn.Module):
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
         )
-        self.drop_path, self.code_noise = 0.0, c.code_noise  # public code: no DropPath here
+        # no DropPath here: as nc_full and INET-110E (the public Tiny-ImageNet run has 0.1)
+        self.drop_path, self.code_noise = 0.0, c.code_noise
         # read_out_residual=False: the public ImageNet read-out, no residual and no final norm
         self.residual = c.read_out_residual
         self.norm_out = nn.LayerNorm(c.dim) if c.read_out_residual else nn.Identity()
