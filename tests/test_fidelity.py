@@ -384,3 +384,201 @@ def test_where_an_nfm_module_reads_decides_how_the_read_enters(placement):
     # before: h(1) = f(h(0) + R) (Algorithm 1); after: h(1) = f(h(0)) + R (NFM App. B)
     expected = 2 * (x + 1) if placement == "before" else 2 * x + 1
     torch.testing.assert_close(net(x), expected)
+
+
+# ----------------------------------------------------------- switches to the public Tiny-ImageNet run
+
+
+def _public_hinge_fit(target: torch.Tensor, sig_dim: int, truncation: float) -> torch.Tensor:
+    """The public code's ``preset_graph_signatures`` loop with the hinge loss, as written there
+    (``nc/seeding.py``): orthogonal start, 1,000 Adam steps at 1e-3."""
+    learned = torch.nn.init.orthogonal_(torch.empty(target.shape[0], sig_dim)).requires_grad_()
+    optim = torch.optim.Adam([learned], lr=0.001)
+    for _ in range(1000):
+        s = F.normalize(learned, p=2, dim=-1)
+        distances = 1.0 - torch.einsum("uc,vc->uv", s, s)
+        loss = torch.where(
+            target == 1,
+            torch.maximum(torch.ones_like(distances).mul_(truncation), distances),
+            torch.maximum(torch.ones_like(distances).mul_(-truncation), -distances),
+        ).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    return learned.data
+
+
+def test_prefitted_signatures_are_the_public_fit_and_wire_the_mediators_as_the_graph():
+    from modnets.graphs import prefit_signatures, signature_graph
+    from modnets.nn.skmdpa import link_probabilities
+
+    graph = signature_graph("watts_strogatz", 40, seed=3)
+    assert graph.sum(0).eq(4).float().mean() > 0.3  # k = round(0.1 * 40) = 4 before rewiring
+    # in float64: 1,000 steps of a hinge amplify float32's rounding differences to ~0.03
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        ours = prefit_signatures(graph, 8, 0.9)
+        torch.manual_seed(0)
+        public = _public_hinge_fit(graph.double(), 8, 0.9)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    torch.testing.assert_close(ours, public, rtol=0, atol=1e-7)
+    # in a circuit: only the mediators' signatures change, and the truncated kernel is the graph
+    plain = circuit(num_processors=24, num_read_in=4, sig_dim=8)
+    fitted = circuit(num_processors=24, num_read_in=4, sig_dim=8, signature_prefit="watts_strogatz")
+    a, b = plain.generator, fitted.generator
+    for name in ("codes", "out_codes", "out_signatures"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name))
+    torch.testing.assert_close(a.signatures[:4], b.signatures[:4])  # the read-in modules'
+    med = b.signatures[4:].detach()
+    linked = link_probabilities(med, med, 1.0, truncation=0.9) > 0
+    linked.fill_diagonal_(False)
+    random = link_probabilities(a.signatures[4:], a.signatures[4:], 1.0, truncation=0.9) > 0
+    assert linked.float().mean() < 0.25 < random.float().mean()  # k / (U - 1) = 2 / 19
+    with pytest.raises(ValueError, match="signature_prefit"):
+        config(signature_prefit="grid")
+    with pytest.raises(ValueError, match="signature_prefit"):
+        config(signature_prefit="watts_strogatz", truncation=None)
+
+
+def test_read_in_layer_scale_scales_both_branches_as_the_public_read_in():
+    from modnets.nn.read_in import ReadIn
+
+    torch.manual_seed(0)
+    scaled, plain = ReadIn(16, 6, 8, layer_scale=0.1), ReadIn(16, 6, 8)
+    assert not any("scale" in n for n, _ in plain.named_parameters())
+    plain.load_state_dict(scaled.state_dict(), strict=False)
+    x, states, codes = torch.randn(2, 5, 6), torch.randn(3, 16), torch.randn(3, 8)
+    torch.testing.assert_close(scaled.scale_attn.gamma, torch.ones(16))
+    torch.testing.assert_close(scaled.scale_ffn.gamma, torch.full((16,), 0.1))
+    with torch.no_grad():
+        scaled.scale_attn.gamma.fill_(0.5)
+        q = plain.query(plain.norm_states(states.expand(2, -1, -1)), codes)
+        y = states + 0.5 * plain.out(plain.attend(plain.norm_inputs(x), q, codes), codes)
+        expected = y + 0.1 * plain.ffn(plain.norm_ffn(y), codes)
+        torch.testing.assert_close(scaled(x, states, codes), expected)
+    assert circuit(read_in_layer_scale=0.1).read_in.scale_ffn.gamma is not None
+
+
+def test_read_out_drop_path_drops_its_branches_in_training_only_when_on():
+    x = torch.randn(6, 5, 6)
+    for on in (False, True):
+        model = circuit(drop_path=0.5, read_out_drop_path=on, sample_kernel=False, num_layers=1)
+        assert model.read_out.drop_path == (0.5 if on else 0.0)
+        model.propagators[0].drop_path = 0.0  # the read-out's DropPath alone
+        with torch.no_grad():
+            model.train()
+            torch.manual_seed(1)
+            first = model(x)
+            assert torch.allclose(first, model(x)) is not on
+            torch.testing.assert_close(model.eval()(x), model(x))
+
+
+def test_a_senders_layernorm_of_their_own_normalises_keys_and_values_apart():
+    model = circuit(share_layernorm=False, sample_kernel=False).eval()
+    layer = model.propagators[0]
+    assert circuit().propagators[0].norm_senders is None
+    with torch.no_grad():
+        layer.norm_senders.weight.uniform_(0.5, 1.5)
+        design = model.design()
+        states = torch.randn(3, 8, 16)
+        h, y = layer.norm_attn(states), layer.norm_senders(states)
+        msg = layer.attn(h, design.codes, design.signatures, y, design.codes, design.signatures)
+        mid = states + layer.scale_attn(msg)
+        expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
+        torch.testing.assert_close(layer(states, design.codes, design.signatures), expected)
+        # with read-in senders, they pass through the senders' LayerNorm too
+        senders = (torch.randn(3, 2, 16), torch.randn(2, 8), torch.randn(2, 4))
+        ys = torch.cat([layer.norm_senders(senders[0]), y], 1)
+        yc = torch.cat([senders[1], design.codes])
+        ysig = torch.cat([senders[2], design.signatures])
+        msg = layer.attn(h, design.codes, design.signatures, ys, yc, ysig)
+        mid = states + layer.scale_attn(msg)
+        expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
+        got = layer(states, design.codes, design.signatures, senders=senders)
+        torch.testing.assert_close(got, expected)
+
+
+def test_the_seeder_noises_the_read_out_states_only_when_asked_and_in_training():
+    x = torch.randn(4, 5, 6)
+    for on in (False, True):
+        model = circuit(state_noise=True, read_out_state_noise=on).train()
+        mu = model.design().out_states
+        out = model(x, return_details=True)
+        assert (out.design.out_states.shape != mu.shape) is on
+        if on:
+            assert not torch.allclose(out.design.out_states, mu.expand(4, -1, -1))
+        torch.testing.assert_close(model.eval()(x, return_details=True).design.out_states, mu)
+    with pytest.raises(ValueError, match="read_out_state_noise"):
+        config(read_out_state_noise=True)  # config() turns state_noise off
+
+
+def test_gumbel_pooling_is_the_public_output_pooling_with_its_noise_in_evaluation():
+    x = torch.randn(4, 5, 6)
+    model = circuit(read_out_pooling="gumbel", sample_kernel=False).eval()
+    plain = circuit(sample_kernel=False).eval()
+    with torch.no_grad():
+        out = plain(x, return_details=True)
+        ro = plain.read_out
+        states = []
+        ro.head.register_forward_hook(lambda m, i, o: states.append(i[0]))
+        plain(x)
+        scores = ro.confidence(states[0]).squeeze(-1)
+        torch.manual_seed(2)
+        public = F.gumbel_softmax(scores, tau=1.0, hard=False, dim=-1)
+        torch.manual_seed(2)
+        got = model(x, return_details=True)
+        torch.testing.assert_close(got.confidences, public)
+        torch.testing.assert_close(out.confidences, torch.softmax(scores, -1))
+        assert not torch.allclose(model(x), model(x))  # noise in evaluation too
+        torch.testing.assert_close(plain(x), plain(x))
+    with pytest.raises(ValueError, match="read_out_pooling"):
+        config(read_out_pooling="max")
+
+
+def test_decay_codes_puts_the_codes_under_weight_decay():
+    for on in (False, True):
+        model = circuit(decay_codes=on)
+        decayed = {
+            id(p) for g in model.parameter_groups(0.05) if g["weight_decay"] for p in g["params"]
+        }
+        codes = (model.generator.codes, model.generator.out_codes)
+        assert all((id(p) in decayed) is on for p in codes)
+        assert id(model.generator.signatures) not in decayed  # App. C and the public filter
+
+
+def test_ni_without_query_and_key_biases_keeps_its_value_bias_and_both_paths_agree():
+    from modnets.models.ni import NeuralInterpreter, NIConfig
+
+    cfg = dict(dim=16, type_dim=4, num_functions=3, num_iterations=1, num_heads=2)
+    cfg |= dict(image_size=8, patch_size=4, in_channels=1, num_outputs=3)
+    torch.manual_seed(0)
+    model = NeuralInterpreter(NIConfig(**cfg, qk_bias=False)).eval()
+    attn = model.scripts[0].iteration.interpreter.locs[0].attn
+    assert attn.query.bias is None and attn.key.bias is None and attn.value.bias is not None
+    default = NeuralInterpreter(NIConfig(**cfg)).scripts[0].iteration.interpreter.locs[0].attn
+    assert default.query.bias is not None and default.key.bias is not None
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        attn._fused = True
+        fused = model(x)
+        attn._fused = False
+        torch.testing.assert_close(fused, model(x))
+
+
+def test_cls_tokens_are_drawn_at_the_standard_deviation_asked_for():
+    from modnets.models.ni import NeuralInterpreter, NIConfig
+    from modnets.nn.tokens import ClassTokens
+
+    for std in (0.02, 1.0):
+        torch.manual_seed(0)
+        tokens = ClassTokens(2, 512, std=std).tokens
+        torch.manual_seed(0)
+        torch.testing.assert_close(tokens, torch.randn(2, 512) * std)
+        assert 0.9 * std < tokens.std() < 1.1 * std
+    with pytest.raises(ValueError, match="cls_std"):
+        NIConfig(cls_std=0.0)
+    with pytest.raises(TypeError, match="qk_bias"):
+        NIConfig(qk_bias=0)
+    assert NeuralInterpreter(NIConfig(cls_std=1.0)).cls.tokens.std() > 0.5

@@ -8,8 +8,9 @@ approximates it with the Hungarian method on the row cost of NAC eq. 9 (:func:`h
 which depends on how the modules are numbered. The regulariser uses :func:`match_permutation` by
 default, which does not, and finds better relabellings; ``matching="eq9"`` selects NAC eq. 9.
 
-One file per job: ``graphons`` (the priors), ``matching`` (NAC eq. 9 and the search) and
-``regularizer`` (NAC eq. 6).
+One file per job: ``graphons`` (the priors), ``matching`` (NAC eq. 9 and the search),
+``regularizer`` (NAC eq. 6) and ``prefit`` (signatures fitted to a graph before training, the
+public code's start).
 """
 
 from modnets.graphs.graphons import GRAPHONS, graphon, to_networkx
@@ -23,6 +24,7 @@ from modnets.graphs.matching import (
     hungarian_permutation,
     match_permutation,
 )
+from modnets.graphs.prefit import SIGNATURE_GRAPHS, prefit_signatures, signature_graph
 from modnets.graphs.regularizer import REDUCTIONS, GraphPriorRegularizer
 
 __all__ = [
@@ -39,4 +41,7 @@ __all__ = [
     "match_permutation",
     "REDUCTIONS",
     "GraphPriorRegularizer",
+    "SIGNATURE_GRAPHS",
+    "signature_graph",
+    "prefit_signatures",
 ]

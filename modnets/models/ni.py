@@ -15,6 +15,7 @@ Python loop over functions or heads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -67,6 +68,11 @@ class NIConfig:
             patches, from their offset on the grid, NI §4.2; see :mod:`modnets.nn.relpos`).
         num_elements, element_features: for vectors.
         num_cls: CLS tokens. num_outputs: outputs per CLS token. shared_head: one head for all.
+
+    Switches to the public code (book/fidelity.md):
+        qk_bias: biases on the query and key projections (NI eq. 4's ModLin has one; the public
+            code's have none: ``False``).
+        cls_std: the standard deviation the CLS tokens are drawn at (the public code's 1).
     """
 
     dim: int = 192
@@ -96,6 +102,8 @@ class NIConfig:
     num_cls: int = 1
     num_outputs: int = 10
     shared_head: bool = False
+    qk_bias: bool = True
+    cls_std: float = 0.02
 
     def __post_init__(self) -> None:
         if self.code_dim is None:
@@ -133,6 +141,10 @@ class NIConfig:
             raise ValueError(f"sigma must be positive, got {self.sigma}")
         if not float(self.eps) >= 0.0:
             raise ValueError(f"eps must be non-negative, got {self.eps}")
+        if not isinstance(self.qk_bias, bool):
+            raise TypeError(f"qk_bias must be True or False, got {self.qk_bias!r}")
+        if not 0.0 < float(self.cls_std) < math.inf:
+            raise ValueError(f"cls_std must be positive and finite, got {self.cls_std}")
         if self.residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
         if self.input_kind not in INPUT_KINDS:
@@ -210,12 +222,19 @@ class Interpreter(nn.Module):
         eps: float = 1e-6,
         residual: str = "delta",
         relative_grid: int | None = None,
+        qk_bias: bool = True,
     ):
         super().__init__()
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
         self.residual = residual
-        loc = dict(num_heads=num_heads, mlp_hidden=mlp_hidden, mlp_layers=mlp_layers, eps=eps)
+        loc = dict(
+            num_heads=num_heads,
+            mlp_hidden=mlp_hidden,
+            mlp_layers=mlp_layers,
+            eps=eps,
+            qk_bias=qk_bias,
+        )
         self.locs = nn.ModuleList(
             LOC(dim, code_dim, **loc, relative_grid=relative_grid) for _ in range(num_locs)
         )
@@ -263,6 +282,7 @@ class FunctionIteration(nn.Module):
             eps=c.eps,
             residual=c.residual,
             relative_grid=c.image_size // c.patch_size if c.positional == "relative" else None,
+            qk_bias=c.qk_bias,
         )
 
     def forward(
@@ -434,7 +454,7 @@ class NeuralInterpreter(ClassTokenModel, Pretrained):
         config.validate()
         self.config = config
         self.tokenizer = make_tokenizer(config)
-        self.cls = ClassTokens(config.num_cls, config.dim)
+        self.cls = ClassTokens(config.num_cls, config.dim, std=config.cls_std)
         self.scripts = nn.ModuleList(Script(config) for _ in range(config.num_scripts))
         self.heads = Heads(config.num_cls, config.dim, config.num_outputs, config.shared_head)
 

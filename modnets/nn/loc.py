@@ -42,11 +42,12 @@ class LOC(nn.Module):
         mlp_layers: int = 2,
         eps: float = 1e-6,
         relative_grid: int | None = None,
+        qk_bias: bool = True,
     ):
         super().__init__()
         self.dim, self.code_dim = dim, code_dim
         self.norm_attn = nn.LayerNorm(dim)
-        self.attn = ModAttn(dim, code_dim, num_heads=num_heads, eps=eps)
+        self.attn = ModAttn(dim, code_dim, num_heads=num_heads, eps=eps, qk_bias=qk_bias)
         self.relpos = (
             None
             if relative_grid is None

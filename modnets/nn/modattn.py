@@ -111,6 +111,7 @@ class ModAttn(nn.Module):
         num_heads: int = 4,
         eps: float = 1e-6,
         fused: bool | None = None,
+        qk_bias: bool = True,
     ):
         super().__init__()
         if num_heads <= 0 or dim % num_heads:
@@ -120,8 +121,9 @@ class ModAttn(nn.Module):
         if fused not in (True, False, None):
             raise TypeError(f"fused must be True, False or None, got {fused!r}")
         self.eps, self._fused = eps, fused
-        self.query = ModLin(dim, dim, code_dim)
-        self.key = ModLin(dim, dim, code_dim)
+        # qk_bias=False: the public code's query and key projections have none
+        self.query = ModLin(dim, dim, code_dim, bias=qk_bias)
+        self.key = ModLin(dim, dim, code_dim, bias=qk_bias)
         self.value = ModLin(dim, dim, code_dim)
         self.out = ModLin(dim, dim, code_dim)
 
@@ -137,7 +139,7 @@ class ModAttn(nn.Module):
         c = codes[:, None, :]
         projs = (self.query, self.key, self.value)
         w = [p.stream_weight(p.modulation(c)) for p in projs]
-        b = [p.bias for p in projs]
+        b = [p.bias if p.bias is not None else w[0].new_zeros(self.dim) for p in projs]
         w[0], b[0] = scale * w[0], scale * b[0]
         return torch.cat(w, 1), torch.cat(b)
 

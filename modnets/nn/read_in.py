@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from modnets.nn.modulated import ModFC, ModFFN
+from modnets.nn.residual import LayerScale
 
 __all__ = ["ReadIn"]
 
@@ -45,6 +46,9 @@ class ReadIn(nn.Module):
         y  = theta0 + ModFC(attend(LN(x), LN(theta0)), c)
         theta1 = y + ModFFN(LN(y), c)
 
+    ``layer_scale``: LayerScale at this value on the ModFFN branch and a learnable one at 1 on the
+    attention's, as the public read-in (``None``: neither).
+
     Shapes: inputs ``(B, N, d_in)``, states ``(U, d)`` or ``(B, U, d)``, codes ``(U, d_code)`` or
     per sample ``(B, U, d_code)`` -> new states ``(B, U, d)``.
     """
@@ -59,6 +63,7 @@ class ReadIn(nn.Module):
         ffn_hidden: int | None = None,
         activation: str = "gelu",
         alpha: float = 0.1,
+        layer_scale: float | None = None,
     ):
         super().__init__()
         if num_heads <= 0 or dim % num_heads:
@@ -74,6 +79,8 @@ class ReadIn(nn.Module):
         self.ffn = ModFFN(
             dim, dim, code_dim, hidden_features=ffn_hidden, activation=activation, alpha=alpha
         )
+        self.scale_attn = LayerScale(dim, None if layer_scale is None else 1.0)
+        self.scale_ffn = LayerScale(dim, layer_scale)
 
     def _check(self, inputs: Tensor, states: Tensor, codes: Tensor) -> None:
         if inputs.dim() != 3 or inputs.shape[-1] != self.input_dim:
@@ -91,8 +98,8 @@ class ReadIn(nn.Module):
         B = inputs.shape[0]
         states = states.expand(B, -1, -1) if states.dim() == 2 else states
         q = self.query(self.norm_states(states), codes)  # (B, U, d)
-        y = states + self.out(attend(self.norm_inputs(inputs), q, codes), codes)
-        return y + self.ffn(self.norm_ffn(y), codes)
+        y = states + self.scale_attn(self.out(attend(self.norm_inputs(inputs), q, codes), codes))
+        return y + self.scale_ffn(self.ffn(self.norm_ffn(y), codes))
 
     def attend(self, x: Tensor, q: Tensor, codes: Tensor) -> Tensor:
         """NAC eqs. 4-5's attention without per-module keys/values: ``(B, N, d_in)`` -> ``(B, U, d)``."""

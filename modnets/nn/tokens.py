@@ -151,12 +151,13 @@ class ElementEmbedding(nn.Module):
 
 
 class ClassTokens(nn.Module):
-    """``n`` learned CLS tokens prepended to the set: ``(B, T, d) -> (B, n + T, d)``."""
+    """``n`` learned CLS tokens prepended to the set: ``(B, T, d) -> (B, n + T, d)``, drawn from
+    ``N(0, std^2)`` (ViT's 0.02; the public NI code's 1)."""
 
-    def __init__(self, num_tokens: int, dim: int):
+    def __init__(self, num_tokens: int, dim: int, std: float = 0.02):
         super().__init__()
         self.num_tokens = num_tokens
-        self.tokens = nn.Parameter(torch.randn(num_tokens, dim) * 0.02)
+        self.tokens = nn.Parameter(torch.randn(num_tokens, dim) * std)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.cat([self.tokens.expand(x.shape[0], -1, -1), x], dim=1)

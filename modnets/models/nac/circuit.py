@@ -84,6 +84,7 @@ class NeuralAttentiveCircuit(nn.Module, Pretrained):
             ffn_hidden=c.ffn_hidden,
             activation=c.activation,
             alpha=modfc_alpha(c),
+            layer_scale=c.read_in_layer_scale,
         )
         if c.share_layers:
             shared = Propagator(c, self.bandwidth)
@@ -204,6 +205,9 @@ class NeuralAttentiveCircuit(nn.Module, Pretrained):
             if not self.config.read_out_from_read_in:
                 states, design = med, mediators_only(design, R)
                 processor_mask = None if processor_mask is None else processor_mask[R:]
+        if self.config.read_out_state_noise:  # the public seeder noises the read-out's too
+            out_states = self.generator.to_state.seed(design.out_states, design.out_codes, B)
+            design = dataclasses.replace(design, out_states=out_states)
         logits, confidences = self.read_out(states, design, processor_mask)
         probe("nac.confidences", confidences)
         return NACOutput(logits, confidences, design) if return_details else logits
@@ -352,9 +356,11 @@ class NeuralAttentiveCircuit(nn.Module, Pretrained):
 
     def parameter_groups(self, weight_decay: float, circuit_lr: float | None = None) -> list[dict]:
         """AdamW groups: no weight decay on parameters with ``dim <= 1``, codes or signatures
-        (NAC App. C). ``circuit_lr``: a learning rate of their own for the signatures and the
-        bandwidth (the circuit's wiring; ``None``: the optimiser's)."""
-        exempt = ("signatures", "out_signatures", "codes", "out_codes", "queries")
+        (NAC App. C; the codes decayed with ``decay_codes``). ``circuit_lr``: a learning rate of
+        their own for the signatures and the bandwidth (the circuit's wiring; ``None``: the
+        optimiser's)."""
+        codes = () if self.config.decay_codes else ("codes", "out_codes")
+        exempt = ("signatures", "out_signatures", "queries", *codes)
         groups = weight_decay_groups(self, weight_decay, exempt)
         if circuit_lr is None:
             return groups

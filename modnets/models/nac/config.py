@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from modnets.graphs import GRAPHONS
+from modnets.graphs import GRAPHONS, SIGNATURE_GRAPHS
 from modnets.nn.skmdpa import EVAL_KERNELS
 from modnets.utils import positive_int
 
@@ -30,6 +30,8 @@ MODFC_FORMS = ("eq1", "public")
 PRIOR_LOSSES = ("eq6", "public")
 
 PRIOR_MATCHINGS = ("search", "eq9")
+#: How the read-out weighs its modules' logits by their confidences
+POOLINGS = ("softmax", "gumbel")
 
 #: The kernel of each public NAC run (book/fidelity.md) as :class:`NACConfig` changes, e.g.
 #: ``config.replace(**KERNEL_REGIMES["public-tiny"])``. The Tiny-ImageNet run truncates and never
@@ -121,6 +123,22 @@ class NACConfig:
         prior_matching: ``"search"`` (:func:`modnets.graphs.match_permutation`, independent of
             how the modules are numbered) or ``"eq9"``: NAC eq. 9's one linear assignment, as the
             paper and the public code do.
+        signature_prefit: ``None``: every signature drawn from ``N(0, 1)``; a name of
+            :data:`SIGNATURE_GRAPHS`: the mediators' signatures pre-fitted to a graph of that kind
+            before training (public code: orthogonal, then a hinge loss at the truncation;
+            :func:`modnets.graphs.prefit_signatures`).
+        read_in_layer_scale: ``None``: no LayerScale in the read-in; a value: LayerScale at it on
+            the read-in's ModFFN branch and a learnable one at 1 on its attention (public code).
+        read_out_drop_path: the read-out's branches get ``drop_path`` too (the public
+            Tiny-ImageNet run); ``False``: none, as ``nc_full`` and ``INET-110E``.
+        share_layernorm: one LayerNorm for a propagator's receivers and senders; ``False``: the
+            senders have their own (the public default).
+        read_out_state_noise: the seeder's noise on the read-out modules' initial states too
+            (public code), with ``state_noise``.
+        read_out_pooling: ``"softmax"`` over the confidences (``INET-110E``) or ``"gumbel"``: a
+            Gumbel softmax, with its noise in evaluation too (the public ``OutputLatentPooling``).
+        decay_codes: weight decay on the codes (the public Tiny-ImageNet run); ``False``: App. C's
+            exemption.
     """
 
     input_dim: int
@@ -166,6 +184,13 @@ class NACConfig:
     modfc: str = "eq1"
     prior_loss: str = "eq6"
     prior_matching: str = "search"
+    signature_prefit: str | None = None
+    read_in_layer_scale: float | None = None
+    read_out_drop_path: bool = False
+    share_layernorm: bool = True
+    read_out_state_noise: bool = False
+    read_out_pooling: str = "softmax"
+    decay_codes: bool = False
 
     def replace(self, **changes) -> NACConfig:
         """A copy with some fields changed (validated again), as ``NIConfig.replace``."""
@@ -230,6 +255,8 @@ class NACConfig:
             "modfc": MODFC_FORMS,
             "prior_loss": PRIOR_LOSSES,
             "prior_matching": PRIOR_MATCHINGS,
+            "signature_prefit": (None, *SIGNATURE_GRAPHS),
+            "read_out_pooling": POOLINGS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -238,13 +265,32 @@ class NACConfig:
                 )
         if self.generator == "conditional" and self.initial_states == "free":
             raise ValueError("NACConfig.initial_states='free' needs generator='unconditional'")
-        for name in ("sample_kernel", "read_out_truncation", "read_out_residual"):
+        for name in (
+            "sample_kernel",
+            "read_out_truncation",
+            "read_out_residual",
+            "read_out_drop_path",
+            "share_layernorm",
+            "read_out_state_noise",
+            "decay_codes",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
                     f"NACConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 )
         if self.generator == "conditional" and self.kernel == "frozen":
             raise ValueError("NACConfig.kernel='frozen' needs generator='unconditional'")
+        if self.signature_prefit is not None and (
+            self.generator != "unconditional" or self.kernel == "dense" or self.truncation is None
+        ):
+            raise ValueError(
+                "NACConfig.signature_prefit needs generator='unconditional', a kernel with "
+                "signatures and a truncation (the graph is fitted at it)"
+            )
+        if self.read_out_state_noise and not (self.state_noise and self.initial_states != "free"):
+            raise ValueError(
+                "NACConfig.read_out_state_noise needs state_noise=True and states from the codes"
+            )
 
     def _check_ranges(self) -> None:
         for name in ("temperature", "bandwidth", "delta"):
@@ -258,10 +304,10 @@ class NACConfig:
             raise ValueError(
                 f"NACConfig.truncation must be None or in (0, 2], got {self.truncation}"
             )
-        if self.layer_scale is not None and not self.layer_scale > 0:
-            raise ValueError(
-                f"NACConfig.layer_scale must be None or positive, got {self.layer_scale}"
-            )
+        for name in ("layer_scale", "read_in_layer_scale"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"NACConfig.{name} must be None or positive, got {value}")
         if not 0 <= self.drop_path < 1:
             raise ValueError(f"NACConfig.drop_path must be in [0, 1), got {self.drop_path}")
         if not 0 <= self.code_noise < 1:

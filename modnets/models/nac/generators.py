@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from modnets.graphs import prefit_signatures, signature_graph
 from modnets.models.nac.config import CircuitDesign, NACConfig
 
 
@@ -40,7 +41,8 @@ class _CodeToState(nn.Module):
 
 
 class UnconditionalCircuitGenerator(nn.Module):
-    """Free signatures and codes (NAC §2.2), initial states from the codes (or free)."""
+    """Free signatures and codes (NAC §2.2), initial states from the codes (or free); the
+    mediators' signatures drawn at random or pre-fitted to a graph (``signature_prefit``)."""
 
     def __init__(self, config: NACConfig):
         super().__init__()
@@ -59,6 +61,12 @@ class UnconditionalCircuitGenerator(nn.Module):
             self.to_state = None
         else:
             self.to_state = _CodeToState(c.code_dim, c.dim, c.state_noise, c.initial_states)
+        if c.signature_prefit is not None:  # the mediators start wired as a graph (public code)
+            seed = int(torch.randint(2**31 - 1, ()))
+            graph = signature_graph(c.signature_prefit, c.num_mediators, seed)
+            fitted = prefit_signatures(graph, c.sig_dim, c.truncation)
+            with torch.no_grad():
+                self.signatures[c.num_read_in :] = fitted
 
     def forward(self, condition: Tensor | None = None) -> CircuitDesign:
         if self.to_state is None:

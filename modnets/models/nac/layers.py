@@ -4,6 +4,7 @@ updates every processor module, and the read-out."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modnets.models.nac.config import CircuitDesign, NACConfig, modfc_alpha
@@ -78,6 +79,8 @@ class Propagator(nn.Module):
         super().__init__()
         c = config
         self.norm_attn, self.norm_ffn = nn.LayerNorm(c.dim), nn.LayerNorm(c.dim)
+        # share_layernorm=False: the senders' own LayerNorm (public code)
+        self.norm_senders = None if c.share_layernorm else nn.LayerNorm(c.dim)
         self.attn = ModulatedAttention(c, bandwidth)
         self.ffn = _ffn(c)
         self.scale_attn, self.scale_ffn = (
@@ -88,10 +91,12 @@ class Propagator(nn.Module):
 
     def forward(self, states, codes, sigs, key_mask=None, edge_mask=None, senders=None) -> Tensor:
         h = self.norm_attn(states)
-        y, y_codes, y_sigs = h, codes, sigs
+        norm_senders = self.norm_attn if self.norm_senders is None else self.norm_senders
+        y = h if self.norm_senders is None else norm_senders(states)
+        y_codes, y_sigs = codes, sigs
         if senders is not None:
             s_states, s_codes, s_sigs = senders
-            y = torch.cat([self.norm_attn(s_states), h], 1)
+            y = torch.cat([norm_senders(s_states), y], 1)
             y_codes = torch.cat([s_codes, codes], -2)
             y_sigs = None if sigs is None else torch.cat([s_sigs, sigs], -2)
         codes = code_noise(codes, self.code_noise, self.training)  # the receivers' codes
@@ -104,7 +109,8 @@ class Propagator(nn.Module):
 class ReadOut(nn.Module):
     """Read-out (NAC §2.1): the read-out modules cross-attend (SKMDPA) to the final processor
     states, apply a ModFFN, and each emits logits and a confidence; the output is the sum of
-    their logits weighted by ``softmax_o(confidence_o)``.
+    their logits weighted by ``softmax_o(confidence_o)`` (or a Gumbel softmax,
+    ``read_out_pooling``).
 
     Shapes: processor states ``(B, U_p, d)``, read-out states ``(U_o, d)`` or ``(B, U_o, d)`` ->
     logits ``(B, num_outputs)`` and weights ``(B, U_o)``.
@@ -121,8 +127,9 @@ class ReadOut(nn.Module):
             LayerScale(c.dim, c.layer_scale),
             LayerScale(c.dim, c.layer_scale),
         )
-        # no DropPath here: as nc_full and INET-110E (the public Tiny-ImageNet run has 0.1)
-        self.drop_path, self.code_noise = 0.0, c.code_noise
+        # DropPath as the propagators' in the public Tiny-ImageNet run; none in nc_full, INET-110E
+        self.drop_path = c.drop_path if c.read_out_drop_path else 0.0
+        self.code_noise, self.pooling = c.code_noise, c.read_out_pooling
         # read_out_residual=False: the public ImageNet read-out, no residual and no final norm
         self.residual = c.read_out_residual
         self.norm_out = nn.LayerNorm(c.dim) if c.read_out_residual else nn.Identity()
@@ -149,5 +156,13 @@ class ReadOut(nn.Module):
         upd = self.ffn(self.norm_ffn(y), codes)
         y = y + drop_path(self.scale_ffn(upd), self.drop_path, self.training)
         y = self.norm_out(y)
-        weights = torch.softmax(self.confidence(y).squeeze(-1), dim=-1)  # (B, U_o)
+        weights = _POOLING[self.pooling](self.confidence(y).squeeze(-1))  # (B, U_o)
         return torch.einsum("bo,boc->bc", weights, self.head(y)), weights
+
+
+#: The read-out's weights from its modules' confidences ``(B, U_o)``: NAC §2.1's softmax, or
+#: the public ``OutputLatentPooling``'s Gumbel softmax (temperature 1, noise in evaluation too)
+_POOLING = {
+    "softmax": lambda scores: torch.softmax(scores, dim=-1),
+    "gumbel": lambda scores: F.gumbel_softmax(scores, tau=1.0, dim=-1),
+}
