@@ -55,7 +55,9 @@ REGIME_CHANCE_MULTIPLE = 3.0
 REGIME_MEAN_P = 0.5
 
 #: "We train models to convergence and then sparsify them" (NAC Fig. 5's caption): the last
-#: epoch may raise validation top-1 by at most this much (absolute) on any seed.
+#: epoch may raise validation top-1 by at most this much (absolute), on the mean over seeds (one
+#: seed's gain is mostly the noise of a 1,000-image validation set; a model still learning
+#: raises the mean).
 REGIME_LAST_GAIN = 0.01
 
 
@@ -104,7 +106,7 @@ def mechanisms(nac: list[dict]) -> list[Mechanism]:
 
 def regime(results: dict) -> dict:
     """Whether every seed's NAC and Perceiver IO reached :data:`REGIME_CHANCE_MULTIPLE` times
-    chance top-1 and converged (:data:`REGIME_LAST_GAIN`), and every NAC's mean off-diagonal
+    chance top-1, each model converged (:data:`REGIME_LAST_GAIN`), and every NAC's mean off-diagonal
     link probability is at most :data:`REGIME_MEAN_P`; and whether the NAC the claims test
     uses its edges and its modules (:func:`mechanisms`)."""
     m = results["models"]
@@ -115,15 +117,19 @@ def regime(results: dict) -> dict:
         for k, v in m.items()
     }
     for k, v in m.items():
-        gain = max(last_gain(r) for r in v["per_seed"])
-        checks[f"{k} top-1 gained in the last epoch, worst seed"] = (gain, REGIME_LAST_GAIN, "<=")
+        gain = float(np.mean([last_gain(r) for r in v["per_seed"]]))
+        checks[f"{k} top-1 gained in the last epoch, mean over seeds"] = (
+            gain,
+            REGIME_LAST_GAIN,
+            "<=",
+        )
     for k, d in results["diagnostics"].items():
         if k.startswith("NAC") and d:
             p = max(s["links_trained"]["mean_offdiagonal_P"] for s in d)
             checks[f"{k} mean off-diagonal P, worst seed"] = (p, REGIME_MEAN_P, "<=")
     return harness.regime(
         f"top-1 ≥ {REGIME_CHANCE_MULTIPLE:g}x chance for every model, trained to convergence "
-        f"(≤ {100 * REGIME_LAST_GAIN:g} point gained in the last epoch), and a "
+        f"(≤ {100 * REGIME_LAST_GAIN:g} point gained in the last epoch, on average), and a "
         f"sparse NAC circuit (mean P ≤ {REGIME_MEAN_P}) on every seed",
         checks,
         mechanisms=mechanisms(m[_nac_key(m)]["per_seed"]),
