@@ -99,6 +99,21 @@ report.summary_plot(everything)
 plt.show()
 
 # %% [markdown]
+# ## In words
+#
+# What the evidence records say, paper by paper: each claim is decided by two disjoint sets of
+# seeds (the evidence run below), and counts only where both give the same verdict. The
+# numbers are each set's mean of the tested quantity with its 95 % interval, in the claim's
+# units, beside the paper's own number; the verdicts are after Holm's correction over the
+# paper's claims, so an interval clear of the threshold can still be inconclusive. "Open" says
+# why a claim is not decided: the two sets disagree, or the pilot's spread asks for more seeds
+# than the plan allows.
+
+# %%
+records = evidence_report.evidence_records(PROFILE)
+display(Markdown(evidence_report.evidence_sentence(records)))
+
+# %% [markdown]
 # ## Neural Interpreters
 #
 # The claims of {cite}`rahaman2021interpreters`, tested in chapter 5 (fuzzy Boolean expressions,
@@ -185,7 +200,6 @@ report.claims_table(side, "ours")
 # Where the experiments stand:
 
 # %%
-records = evidence_report.evidence_records(PROFILE)
 display(Markdown(evidence_report.evidence_status(records, PROFILE)))
 
 # %% [markdown]
@@ -193,7 +207,6 @@ display(Markdown(evidence_report.evidence_status(records, PROFILE)))
 # sets disagree, or the claim needs more seeds than the cap).
 
 # %%
-display(Markdown(evidence_report.evidence_sentence(records)))
 table = evidence_report.evidence_table(records)
 if table is not None:
     display(table)
@@ -218,7 +231,7 @@ if checks is not None:
 # results had been seen by then.
 
 # %%
-report.rule_log_table()
+display(Markdown(report.rule_log_markdown()))
 
 # %% [markdown]
 # ## Reading these tables

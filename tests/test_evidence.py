@@ -228,12 +228,13 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     small = [0.01, 0.012, 0.011, 0.013]
     sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: up}, {cid: down})})
     assert (
-        "is open (reproduced on the claim seeds and not reproduced on the replication" in sentence
+        "is open, reproduced on the claim seeds and not reproduced on the replication" in sentence
     )
     (d,) = evidence.agreements([_record({cid: small})], "NI")
     assert d.decided == "reproduced" and d.smaller
     sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: small})})
-    assert f"(with an effect smaller than the paper's: `{cid}`)" in sentence
+    assert f"Both reproduce the direction of `{cid}` (" in sentence
+    assert "with an effect smaller than the paper's (both intervals stop short of it)" in sentence
     # an inconclusive claim says why: smaller than the paper's (its intervals exclude it), or
     # underpowered (they hold both the paper's effect and the threshold)
     below = [0.001, -0.002, 0.0, 0.002]  # around 0, far below the paper's 0.0655
@@ -242,7 +243,9 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
         (f,) = evidence.agreements([_record({cid: values})], "NI")
         assert f.decided == "inconclusive"
         sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: values})})
-        assert f"both find `{cid}` inconclusive" in sentence and why in sentence
+        assert f"Both leave `{cid}` (" in sentence and f"inconclusive {why}" in sentence.replace(
+            "inconclusive,", "inconclusive"
+        )
 
 
 def test_the_build_check_flags_a_seed_outside_the_records_range():
@@ -293,9 +296,11 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     assert "`digits`: no evidence record yet" in status and "4 seeds a set" in status
     assert list(report.evidence_frame(records)["decided"]) == ["reproduced"]
     sentence = report.evidence_sentence(records)
-    assert sentence.startswith("**Neural Interpreters** (`fuzzy_boolean` (4 seeds a set))")
-    assert "both seed sets reproduce `table1-type-beats-cls`" in sentence
-    assert report.evidence_sentence({"digits": None}).startswith("No experiment")
+    assert sentence.startswith("**Neural Interpreters** (`fuzzy_boolean`: 4 seeds a set).")
+    assert "reproduce the direction of `table1-type-beats-cls` (claim seeds " in sentence
+    assert "; the paper's 0.066)" in sentence  # the numbers inline, the paper's beside them
+    none = report.evidence_sentence({"digits": None})
+    assert none.startswith("**Neural Interpreters**: no evidence record of `fuzzy_boolean`")
 
 
 def test_a_chapter_takes_holm_over_its_papers_claims_in_every_complete_record(tmp_path):

@@ -123,7 +123,8 @@ class Plan:
 class Agreement:
     """One claim under both seed sets: ``decided`` is the verdict both gave (after Holm), or
     ``"undecided"``, with ``note`` saying why (the sets disagree, or the claim needs more seeds
-    than the plan's cap); ``smaller``: both sets put the effect below the paper's."""
+    than the plan's cap); ``smaller``: both sets put the effect below the paper's; ``claims``:
+    each set's :class:`~modnets.experiments.core.claims.Claim` (its values and interval)."""
 
     id: str
     kind: str
@@ -131,6 +132,7 @@ class Agreement:
     decided: str
     note: str = ""
     smaller: bool = False
+    claims: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -421,8 +423,11 @@ def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
             note = "the two seed sets disagree"
         decided = verdicts["claim"] if same and not note else "undecided"
         smaller = all(by_set[s][cid].vs_paper == "smaller than the paper's" for s in SETS)
+        sets = {s: by_set[s][cid] for s in SETS}
         out.append(
-            Agreement(cid, claim.kind, verdicts, decided=decided, note=note, smaller=smaller)
+            Agreement(
+                cid, claim.kind, verdicts, decided=decided, note=note, smaller=smaller, claims=sets
+            )
         )
     return out
 

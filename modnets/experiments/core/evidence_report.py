@@ -17,7 +17,13 @@ from modnets.experiments.core.discovery import get, list_experiments
 from modnets.experiments.core.evidence import MIN_SEEDS, Record, configured, load_record
 from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.core.options import RunOptions, resolved
-from modnets.experiments.core.report import COLOURS, own_experiments, papers
+from modnets.experiments.core.report import (
+    COLOURS,
+    format_interval,
+    format_value,
+    own_experiments,
+    papers,
+)
 from modnets.experiments.core.stats import seed_stats
 
 __all__ = [
@@ -242,59 +248,91 @@ def evidence_frame(records: dict):
     return pd.DataFrame(rows, columns=[*columns, "why undecided"])
 
 
-def _ids(ids: list[str]) -> str:
-    return ", ".join(f"`{i}`" for i in ids)
+def _estimate(claim) -> str:
+    """A set's mean tested quantity with its 95 % interval, in the claim's units."""
+    c = claim.as_dict()
+    finite = [v for v in claim.values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "no value"
+    mean = format_value(c, seed_stats(finite)["mean"])
+    return f"{mean}{claim.unit} {format_interval(c)}" if claim.interval else f"{mean}{claim.unit}"
+
+
+def _quoted(a, paper_effect: bool = True) -> str:
+    """A claim id with both sets' estimates (and the paper's effect, where it states one)."""
+    sets = "; ".join(f"{k} seeds {_estimate(c)}" for k, c in a.claims.items())
+    first = a.claims.get("claim")
+    effect = first.paper_effect if first is not None else None
+    paper = ""
+    if paper_effect and effect is not None:
+        paper = f"; the paper's {format_value(first.as_dict(), effect)}{first.unit}"
+    return f"`{a.id}` ({sets}{paper})"
+
+
+def _paper_paragraph(paper: str, rows: list, tested: str) -> str:
+    """What both seed sets say of one paper's claims, in sentences with their numbers."""
+    by: dict[str, list] = {}
+    for a in rows:
+        by.setdefault(a.decided, []).append(a)
+    said = []
+    yes = by.get("reproduced", [])
+    full = [a for a in yes if not a.smaller]
+    if full:
+        said.append("Both seed sets reproduce " + ", ".join(_quoted(a) for a in full) + ".")
+    small = [a for a in yes if a.smaller]
+    if small:
+        said.append(
+            "Both reproduce the direction of "
+            + ", ".join(_quoted(a) for a in small)
+            + ", with an effect smaller than the paper's (both intervals stop short of it)."
+        )
+    if by.get("not reproduced"):
+        said.append(
+            "Both find " + ", ".join(_quoted(a) for a in by["not reproduced"]) + " not reproduced."
+        )
+    inconclusive = by.get("inconclusive", [])
+    less = [a for a in inconclusive if a.smaller]
+    weak = [a for a in inconclusive if not a.smaller]
+    if less:
+        said.append(
+            "Both leave "
+            + ", ".join(_quoted(a) for a in less)
+            + " inconclusive with an effect smaller than the paper's: their intervals hold the "
+            "threshold and exclude the paper's effect."
+        )
+    if weak:
+        said.append(
+            "Both leave "
+            + ", ".join(_quoted(a) for a in weak)
+            + " inconclusive, underpowered: their intervals hold both the threshold and the "
+            "paper's effect."
+        )
+    for a in by.get("not testable here", []):
+        reason = a.claims["claim"].reason if "claim" in a.claims else ""
+        said.append(f"`{a.id}` is not testable here: {reason.rstrip('.')}.")
+    for a in by.get("undecided", []):
+        gave = " and ".join(f"{v} on the {k} seeds" for k, v in a.verdicts.items())
+        said.append(f"{_quoted(a)} is open, {gave}: {a.note}.")
+    return f"**{paper}** ({tested}). " + " ".join(said)
 
 
 def evidence_sentence(records: dict) -> str:
-    """Per paper, in written sentences generated from :func:`evidence_frame`: what both seed sets
-    reproduce (and where the effect is smaller than the paper's), what they do not, and why the
-    rest is open."""
+    """Per paper, a paragraph generated from both seed sets (:func:`evidence.agreements`): what
+    both reproduce (and where the effect is smaller than the paper's), what neither does, and why
+    the rest is open (power, disagreement, not testable here and why), each claim with its
+    numbers."""
     from modnets.experiments.core import evidence
 
-    groups = dict(papers())
     lines = []
-    for paper, names in groups.items():
+    for paper, names in papers().items():
         complete = [records[n] for n in names if records.get(n) and records[n].complete]
         if not complete:
+            runs = ", ".join(f"`{n}`" for n in names)
+            lines.append(f"**{paper}**: no evidence record of {runs} is complete yet.")
             continue
         rows = [a for a in evidence.agreements(complete, paper) if a.kind == "paper"]
-        by = {}
-        for a in rows:
-            by.setdefault(a.decided, []).append(a)
-        parts = []
-        yes = by.get("reproduced", [])
-        if yes:
-            small = [a.id for a in yes if a.smaller]
-            note = f" (with an effect smaller than the paper's: {_ids(small)})" if small else ""
-            parts.append(f"both seed sets reproduce {_ids([a.id for a in yes])}{note}")
-        if by.get("not reproduced"):
-            parts.append(f"both find {_ids([a.id for a in by['not reproduced']])} not reproduced")
-        # an inconclusive claim says why: its effect is smaller than the paper's (both sets'
-        # intervals exclude the paper's effect), or the seeds cannot tell (underpowered)
-        small = [a.id for a in by.get("inconclusive", []) if a.smaller]
-        weak = [a.id for a in by.get("inconclusive", []) if not a.smaller]
-        if small:
-            parts.append(
-                f"both find {_ids(small)} inconclusive with an effect smaller than the paper's "
-                "(their intervals exclude it)"
-            )
-        if weak:
-            parts.append(
-                f"both find {_ids(weak)} inconclusive, underpowered (their intervals hold the "
-                "paper's effect and the threshold)"
-            )
-        if by.get("not testable here"):
-            parts.append(
-                f"both find {_ids([a.id for a in by['not testable here']])} not testable here"
-            )
-        for a in by.get("undecided", []):
-            gave = " and ".join(f"{a.verdicts[k]} on the {k} seeds" for k in a.verdicts)
-            parts.append(f"{_ids([a.id])} is open ({gave}): {a.note}")
-        tested = ", ".join(f"`{r.plan.experiment}` ({r.plan.n} seeds a set)" for r in complete)
-        lines.append(f"**{paper}** ({tested}): " + "; ".join(parts) + ".")
-    if not lines:
-        return "No experiment's evidence record is complete at this profile yet."
+        tested = "; ".join(f"`{r.plan.experiment}`: {r.plan.n} seeds a set" for r in complete)
+        lines.append(_paper_paragraph(paper, rows, tested))
     return "\n\n".join(lines)
 
 

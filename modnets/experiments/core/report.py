@@ -26,7 +26,7 @@ __all__ = [
     "paper_sentence",
     "forest_plot",
     "summary_plot",
-    "rule_log_table",
+    "rule_log_markdown",
 ]
 
 
@@ -58,18 +58,18 @@ def _as_dicts(claims) -> list[dict]:
     return [c if isinstance(c, dict) else c.as_dict() for c in claims]
 
 
-def _num(c: dict, x) -> str:
+def format_value(c: dict, x) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     digits = 1 if c.get("scale", 1) == 100 else 3
     return f"{c.get('scale', 1) * x:.{digits}f}"
 
 
-def _interval(c: dict) -> str:
+def format_interval(c: dict) -> str:
     if not c.get("interval"):
         return "-"
     lo, hi = c["interval"]
-    return f"[{_num(c, lo)}, {_num(c, hi)}]"
+    return f"[{format_value(c, lo)}, {format_value(c, hi)}]"
 
 
 def claims_frame(claims, kind: str | None = None):
@@ -89,11 +89,11 @@ def claims_frame(claims, kind: str | None = None):
                 "claim": c["text"],
                 "source": c["source"],
                 "quantity": c["rule"],
-                "paper effect": _num(c, c.get("paper_effect")),
+                "paper effect": format_value(c, c.get("paper_effect")),
                 "ours [95 % CI]": "-"
                 if mean is None
-                else f"{s * mean:.{1 if s == 100 else 3}f} {_interval(c)}",
-                "mde": _num(c, c.get("mde")),
+                else f"{s * mean:.{1 if s == 100 else 3}f} {format_interval(c)}",
+                "mde": format_value(c, c.get("mde")),
                 "vs paper": c.get("vs_paper", "-"),
                 "verdict": c["verdict"] + (f" ({c['reason']})" if c.get("reason") else ""),
                 "Holm": c.get("verdict_holm") or c["verdict"],
@@ -348,20 +348,18 @@ def forest_plot(claims, kind: str = "paper", ax=None):
     return ax
 
 
-def rule_log_table():
-    """The rule-change log as a ``pandas.DataFrame`` (newest last)."""
-    import pandas as pd
-
+def rule_log_markdown() -> str:
+    """The rule-change log in full, as Markdown (oldest first): per entry its date, the rules
+    it touches, the change, why, and what results had been seen before it."""
     from modnets.experiments.core.rules import rule_log
 
-    rows = [
-        {
-            "date": e["date"],
-            "rules": ", ".join(e["rules"]),
-            "change": e["change"],
-            "why": e["why"],
-            "results seen before": e["results_seen"],
-        }
-        for e in rule_log()
-    ]
-    return pd.DataFrame(rows)
+    bare = {"yes": "yes (the entry records no more)", "no": "no (the entry records no more)"}
+    entries = []
+    for e in rule_log():
+        rules = ", ".join(f"`{r}`" for r in e["rules"]) or "the protocol, no single rule"
+        seen = bare.get(e["results_seen"].strip().lower(), e["results_seen"])
+        entries.append(
+            f"**{e['date']}** ({rules}). {e['change']}\n\n"
+            f"*Why:* {e['why']}\n\n*Results seen before the change:* {seen}"
+        )
+    return "\n\n---\n\n".join(entries)
