@@ -470,8 +470,8 @@ plt.tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
-# assumptions).
+# (`modnets.experiments.core.budget`; the [engineering notes](../book/engineering.md)
+# explain the columns and their assumptions).
 
 # %%
 from modnets.experiments.core import budget

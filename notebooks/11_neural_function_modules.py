@@ -304,7 +304,7 @@ print("non-zero weights per row:", (w_lib > 0).sum(-1).unique().tolist())
 
 # %% [markdown]
 # The library gets the same numbers without building `cands`: copies of every state made at
-# every read cost much of an NFM step's time (`book/setup.md` has the measurement). Save where
+# every read cost much of an NFM step's time (the engineering notes have the measurement). Save where
 # upsampling repeats unevenly, `read_views` instead lays each state out so that it and the
 # queries broadcast against each other. Per spatial dim, the grid is `[d]` where the sizes match,
 # `[d, f]` where the state is `f` times larger (the `f` axis runs over the window's candidates,
@@ -811,8 +811,8 @@ plt.tight_layout()
 # What the `gpu` profile (the paper's settings) needs on a GPU, estimated on this machine before
 # any GPU time is spent: memory of one training step, whether it fits or how much gradient
 # accumulation it needs, and the projected time of one full training per model and seed
-# (`modnets.experiments.core.budget`; [Setting up](../book/setup.md) explains the columns and their
-# assumptions).
+# (`modnets.experiments.core.budget`; the [engineering notes](../book/engineering.md)
+# explain the columns and their assumptions).
 
 # %%
 from modnets.experiments.core import budget

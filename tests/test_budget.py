@@ -1,5 +1,5 @@
 """The GPU budget of each configuration: what is counted, how it scales to the
-configured batch, when a step needs gradient accumulation, and the table in book/setup.md."""
+configured batch, when a step needs gradient accumulation, and the table in book/engineering.md."""
 
 import dataclasses
 import re
@@ -94,8 +94,8 @@ def test_accumulation_is_the_smallest_divisor_of_the_batch_that_fits():
     assert "x8 accumulation" in budget.table([e]) and "| x | m |" in budget.table([e], True)
 
 
-def test_setup_md_shows_every_gpu_model_with_its_parameters():
-    text = (ROOT / "book" / "setup.md").read_text()
+def test_the_engineering_notes_show_every_gpu_model_with_its_parameters():
+    text = (ROOT / "book" / "engineering.md").read_text()
     rows = {
         (m[0], m[1]): m[2]
         for m in re.findall(r"^\| (\w+) \| ([^|]+?) \| ([\d,]+) \|", text, flags=re.M)

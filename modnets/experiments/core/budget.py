@@ -17,10 +17,10 @@ the CPU from the experiment's own :func:`dry_run`:
   gradient accumulation it needs otherwise (micro-batches of ``batch / a``), and the projected
   hours of one full training at :data:`UTILISATION` of the GPU's peak half-precision throughput
   and at least :data:`MIN_STEP_SECONDS` a step: assumptions, to be replaced by measured numbers
-  once a GPU has run the profile (``book/setup.md``).
+  once a GPU has run the profile (``book/engineering.md``).
 
 ``python -m modnets.experiments.core.budget`` prints the table for every experiment (``--markdown``
-for ``book/setup.md``).
+for ``book/engineering.md``).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def table(estimates: list[Estimate], markdown: bool = False) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="gpu")
-    parser.add_argument("--markdown", action="store_true", help="a table for book/setup.md")
+    parser.add_argument("--markdown", action="store_true", help="a table for book/engineering.md")
     parser.add_argument("experiments", nargs="*", help="default: every experiment")
     args = parser.parse_args(argv)
     args.experiments = args.experiments or list_experiments()
