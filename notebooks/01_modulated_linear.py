@@ -418,7 +418,7 @@ fig.tight_layout()
 # codes matter only beyond about 10 000), while independent modules grow linearly from the start.
 # (For a single module the plain FFN is smaller: it has no conditioning matrices.)
 #
-# ## What we learned
+# ## Summary
 #
 # - `ModLin` (NI eq. 4) rescales the input of a shared linear map by $\operatorname{LayerNorm}(W_c c)$;
 #   a code picks a column-rescaled copy of $W$. `ModMLP` (NI eq. 5) stacks them around one code.
@@ -515,3 +515,9 @@ fig.tight_layout()
 # print(modmlp_count([16, 64, 64, 1], 16) - modmlp_count([16, 64, 64, 1], 8))
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "01_modulated_linear")

@@ -337,7 +337,7 @@ for st in (False, True):
     )
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - Types (from an MLP) and signatures (fixed random unit vectors) live on a sphere; the
 #   compatibility $C_{ui}$ is a truncated exponential kernel of their cosine distance, normalised
@@ -428,3 +428,9 @@ for st in (False, True):
 #     print(f"training={training}: value {k0[0, 0, 0].item():.1f}, grad {g.norm():.3f}")
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "02_type_matching")

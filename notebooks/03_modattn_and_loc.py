@@ -292,7 +292,7 @@ assert torch.allclose(mlp_u, loc.mlp(x, codes[:, None, :]).transpose(0, 1), atol
 # 5 functions, 4 heads, 64 patches and 3 CLS tokens, so 67 tokens) that is 11.5 M floats per LOC,
 # about 46 MB, unless the fused form above is used, which never keeps them. Performance is measured in `bench/` and chapter 12.
 #
-# ## What we learned
+# ## Summary
 #
 # - ModAttn (NI eqs. 6–8) runs attention in one stream per function with code-programmed projections,
 #   multiplies the weights by $C_{ui}C_{uj}$ and renormalises by division.
@@ -375,3 +375,9 @@ assert torch.allclose(mlp_u, loc.mlp(x, codes[:, None, :]).transpose(0, 1), atol
 # print((loc(x2, codes, C) - out).norm(dim=-1))  # (B, U, T)
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "03_modattn_and_loc")

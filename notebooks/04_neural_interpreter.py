@@ -443,7 +443,7 @@ print(
 )
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - The interpreter pools the function streams by compatibility (NI eq. 11). Read literally, NI eq. 11
 #   doubles matched tokens at every iteration; we pool the streams' updates instead (a convex
@@ -543,3 +543,9 @@ print(
 #     s.iteration.type_matching.truncation = toy.truncation
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "04_neural_interpreter")

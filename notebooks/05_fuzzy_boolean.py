@@ -178,11 +178,10 @@ print(
 
 # %% [markdown]
 # A variance around 0.01 is a trap for regression: predicting the mean already gives a small
-# squared error, and a model trained on raw targets can stall there (the issue that set up this
-# chapter measured exactly that with a plain transformer: $R^2 < 0$ after 3 000 steps on raw
-# targets, $R^2 = 0.998$ with standardised ones). We standardise each function's targets with its
-# training mean and standard deviation, and report $R^2$ on the original scale, where it is the
-# same number. Functions with variance below $2\cdot10^{-3}$ (constant or nearly so; even the
+# squared error, and a model trained on raw targets can stall there (a plain transformer trained
+# for 3 000 steps ends with $R^2 < 0$ on raw targets and $R^2 = 0.998$ on standardised ones). We
+# standardise each function's targets with its training mean and standard deviation, and report
+# $R^2$ on the original scale, where it is the same number. Functions with variance below $2\cdot10^{-3}$ (constant or nearly so; even the
 # always-true table, which fuzzy *or* does not make constant) are rejected when sampling.
 
 # %% [markdown]
@@ -650,7 +649,7 @@ display(
 )
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - Random truth tables evaluated in fuzzy DNF give a family of smooth multi-task regression
 #   targets with small variance; standardising the targets is essential.
@@ -801,3 +800,9 @@ display(
 # print(f"the claim: mde {claim['mde']:.4f}, seeds {claim['seeds_needed']}")
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "05_fuzzy_boolean")

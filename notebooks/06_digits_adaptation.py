@@ -668,7 +668,7 @@ display(Markdown(verdict_sentences(results["claims"])))
 print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"]))
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - A Neural Interpreter and a ViT built from the same configuration can be pretrained on several
 #   digit datasets at once, one CLS token and head per dataset, and compared on few-shot adaptation
@@ -803,3 +803,9 @@ print(diagnostics.regime_line(results["diagnostics"]["routing_after_pretraining"
 # print("the run, fresh token:", np.round(run, 3))
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "06_digits_adaptation")

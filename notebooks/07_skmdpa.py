@@ -780,7 +780,7 @@ used = {
 print(f"chapter 10's configurations: straight_through={sorted(used)}")
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - Signatures set link probabilities $P_{ij} = \exp(-(1 - \cos(s_i, s_j))/\epsilon)$ (NAC eq. 2). For
 #   random signatures the mean is about $e^{-1/\epsilon}$, and the hard graph $P > 1/2$ switches
@@ -888,3 +888,9 @@ print(f"chapter 10's configurations: straight_through={sorted(used)}")
 #     print(eps, (y[0, 0] - v[0, 5]).abs().max().item(), y[0, 0].abs().max().item())
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "07_skmdpa")

@@ -614,7 +614,7 @@ for w, (_, mean_P, task_losses) in runs.items():
 # circuit can drop most of its modules at little cost (NAC §4).
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # - A graphon sampled on the grid $r_u = u/(U-1)$ is a prior link-probability matrix (NAC eq. 7).
 #   `graphon` provides Erdős–Rényi, planted partition, ring of cliques and scale-free. For NAC eq. 8
@@ -722,3 +722,9 @@ for w, (_, mean_P, task_losses) in runs.items():
 # print(excess**2 / off32.sum().item())
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "08_graph_priors")

@@ -553,7 +553,7 @@ print(
 )
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # * A NAC is a set of modules described by signatures (connectivity), codes (computation) and
 #   initial states; a generator designs the circuit, an executor runs it: read-in, $L$
@@ -671,3 +671,9 @@ print(
 #         print(states, (flat(xt[:64]) - before).abs().max().item())
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "09_neural_attentive_circuit")

@@ -87,7 +87,7 @@ show(config.train)  # the whole configuration (collapsed in the book)
 # ## The data
 #
 # The full Tiny-ImageNet has 200 classes with 500 training images each. The `cpu` profile uses
-# the 20 classes for which `shared/data` has all 500 training images (10,000 train, 1,000
+# the first 20 classes of the release, all 500 training images each (10,000 train, 1,000
 # validation images); `gpu` uses all 200. A few validation images of the first classes:
 
 # %% tags=["hide-input"]
@@ -515,7 +515,7 @@ display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 # :::
 
 # %% [markdown]
-# ## What we learned
+# ## Summary
 #
 # The verdicts come first: they are computed from this run's results by the rules above, and the
 # prose after them says only what holds whatever they are.
@@ -665,3 +665,9 @@ print(
 # print((s["ci"][1] - s["ci"][0]) / 2, half)
 # ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "10_tiny_imagenet_pruning")

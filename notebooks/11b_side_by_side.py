@@ -336,6 +336,13 @@ print(wrap(sbs.advice(results)))
 # :class: dropdown
 # FLOPs count multiply-adds; small attention models pay for many small operations that the
 # counter barely sees. Divide each model's `step_vs_cnn` by its `gflops` ratio to the CNN's.
+#
+# ```python
+# cnn_flops = costs["CNN"]["gflops"]
+# for n in names:
+#     per_flop = costs[n]["step_vs_cnn"] / (costs[n]["gflops"] / cnn_flops)
+#     print(f"{n:>14}: {per_flop:.2f}x the CNN's time per FLOP")
+# ```
 # :::
 #
 # 2. **A larger NI.** Set `sbs.ARCH["ni"]["num_locs"] = 2` (two LOCs per function iteration
@@ -348,4 +355,21 @@ print(wrap(sbs.advice(results)))
 # doubles (about 87k more). Shrink the width (`ARCH["ni"]["dim"]`) or the MLP
 # (`ARCH["ni_mlp"]`) until the NI is back within 10 % of the others, and check with the
 # assertion of *Six models of one size*.
+#
+# ```python
+# arch = copy.deepcopy(sbs.ARCH)
+# sbs.ARCH["ni"]["num_locs"] = 2
+# try:
+#     two = sbs.build_model("ni", config.train)
+# finally:
+#     sbs.ARCH.clear()
+#     sbs.ARCH.update(arch)
+# print(sum(p.numel() for p in two.parameters()) - sizes["NI"], "more parameters")
+# ```
 # :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "11b_side_by_side")

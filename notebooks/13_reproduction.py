@@ -241,3 +241,63 @@ display(Markdown(report.rule_log_markdown()))
 # only where its models reach the regime each claim presupposes (each experiment states it
 # above). Where a row is `inconclusive` and underpowered, the `gpu` profile (the papers'
 # settings, more seeds at the same cost per seed on a GPU) is what would decide it.
+
+# %% [markdown]
+# ## Summary
+#
+# * Every claim is a rule declared before the runs it decides, tested on the seeds power asks
+#   for, with Holm's correction over each paper's claims; a claim whose regime or mechanism is
+#   missing is not testable here, and says why.
+# * A verdict counts when two disjoint seed sets, recorded by the evidence run, give the same
+#   one; the paragraphs under *In words* say per paper what both sets reproduce, what neither
+#   does, what is smaller than the paper's, and why the rest is open.
+# * The build checks its own seeds against the records, and every rule change is in the log
+#   above with what had been seen when it was made.
+#
+# ## Exercises
+#
+# 1. **Seeds against spread.** Fuzzy Booleans' `table1-gap-closed` needs more seeds than the
+#    plan allows. From the record's claim seeds, compute how many it would need, and how many at
+#    half that spread.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# The mde falls like $s / \sqrt n$, so the seeds needed fall about fourfold when the spread
+# halves.
+#
+# ```python
+# import numpy as np
+#
+# from modnets.experiments.core.claims import seeds_needed
+#
+# cpu = evidence_report.evidence_records("cpu")
+# claims = cpu["fuzzy_boolean"].results["claim"]["claims"]
+# gap = next(c for c in claims if c["id"] == "table1-gap-closed")
+# sd, effect = np.std(gap["values"], ddof=1), gap["paper_effect"] - gap["threshold"]
+# print(seeds_needed(effect, sd), seeds_needed(effect, sd / 2))
+# ```
+# :::
+#
+# 2. **Why two sets?** For each claim of the NI paper, which verdict would the claim seeds alone
+#    have given, and which does the book count?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# `evidence.agreements` gives both sets' verdicts and what is decided.
+#
+# ```python
+# from modnets.experiments.core import evidence
+#
+# cpu = evidence_report.evidence_records("cpu")
+# names = report.papers()["Neural Interpreters"]
+# ni_records = [cpu[n] for n in names if cpu.get(n) and cpu[n].complete]
+# for a in evidence.agreements(ni_records, "Neural Interpreters"):
+#     print(f"{a.id}: claim seeds {a.verdicts['claim']}; counted: {a.decided}")
+# ```
+# :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "13_reproduction")

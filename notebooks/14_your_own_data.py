@@ -77,12 +77,16 @@ n_train, n_val, epochs = select(SIZES, PROFILE)
 COLOURS = torch.tensor([[1.0, 0.2, 0.2], [0.2, 1.0, 0.2], [0.3, 0.4, 1.0]])
 
 
-def make_images(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_images(
+    n: int, seed: int, columns: range | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = 0.1 * torch.randn(n, 3, 64, 64, generator=g)
     colour = torch.randint(0, 3, (n,), generator=g)
     vertical = torch.randint(0, 2, (n,), generator=g)
     corners = torch.randint(0, 48, (n, 4), generator=g)  # the square's, then the bar's
+    if columns is not None:  # the square's left edge drawn from `columns` instead
+        corners[:, 1] = torch.randint(columns.start, columns.stop, (n,), generator=g)
     for i, (r, c, br, bc) in enumerate(corners.tolist()):
         x[i, :, r : r + 12, c : c + 12] = COLOURS[colour[i]][:, None, None]
         if vertical[i]:
@@ -278,12 +282,75 @@ print("NI, 0 / 1 / 2 functions removed:", [f"{a:.1%}" for a in rows["NI"]])
 print("NAC, 0 / 25 / 50 % of modules dropped:", [f"{a:.1%}" for a in rows["NAC"]])
 
 # %% [markdown]
+# ## Summary
+#
+# * The three models train on a task of your own with one loop, `fit`: a step function and a
+#   `TrainConfig`; the NAC adds its graph penalty to the loss.
+# * `save_pretrained` / `from_pretrained` keep every constructor argument, so a saved model
+#   loads as it was, bit for bit.
+# * Each model shows what it does: the NI's routing per function, the NAC's circuit, the NFM's
+#   reads; and each can be cut down (functions removed, modules dropped) to see what a part
+#   carries.
+#
 # ## Exercises
 #
 # 1. **Your task.** Replace the data cell with a dataset of your own (any `(N, 3, 64, 64)`
 #    images) and rerun the chapter. Which of the three models needs the fewest epochs?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Read it off the histories: the first epoch whose validation accuracy reaches 90 % of the
+# model's best.
+#
+# ```python
+# for name, h in histories.items():
+#     best = max(h["val_acc"])
+#     first = next(e for e, a in zip(h["epoch"], h["val_acc"]) if a >= 0.9 * best)
+#     print(f"{name}: 90 % of its best ({best:.1%}) at epoch {first}")
+# ```
+# :::
+#
 # 2. **Out of distribution.** Train on squares in the left half of the image only and test on
 #    the right half. Which model loses least?
+#
+# :::{admonition} Hint
+# :class: dropdown
+# `make_images(n, seed, columns=range(0, 21))` draws every square in the left half (its left
+# edge at column 0-20, so it ends before column 32) and `range(32, 53)` in the right. Train the
+# three models on the left half as above and compare their accuracy on the two halves; the
+# models of this chapter, trained on both halves, give the baseline:
+#
+# ```python
+# halves = {"left": range(0, 21), "right": range(32, 53)}
+# tests = {k: make_images(n_val, seed=2, columns=cols) for k, cols in halves.items()}
+# for name, m in models.items():
+#     print(name, {k: f"{accuracy(m, *xy):.1%}" for k, xy in tests.items()})
+# ```
+# :::
+#
 # 3. **Adding a function.** Call `ni.add_functions(1)`, finetune only the new function's code
 #    and signature (freeze the rest with `requires_grad_(False)`), and check with
 #    `diagnostics.ni_routing` whether the tokens route to it.
+#
+# :::{admonition} Hint
+# :class: dropdown
+# Freeze the whole model first: `add_functions` then adds the only trainable parameters.
+# A function that gets tokens has a share of the routing above zero.
+#
+# ```python
+# grown = copy.deepcopy(ni)
+# grown.requires_grad_(False)
+# grown.add_functions(1)
+# print("trainable:", [n for n, p in grown.named_parameters() if p.requires_grad])
+# one_epoch = TrainConfig(epochs=1, batch_size=32, lr=2e-3, amp=False)
+# fit(grown, step_for(grown), one_epoch, n=n_train, show_progress=False)
+# share = diagnostics.ni_routing(grown, x_val[:256])["share"]
+# print("the new function's share per iteration:", [round(s[-1], 3) for s in share])
+# ```
+# :::
+
+# %% tags=["remove-cell"]
+# The exercise hints above, run: one that no longer runs fails the build.
+from modnets.exercises import run_hints
+
+run_hints(globals(), "14_your_own_data")
