@@ -6,6 +6,7 @@ import numpy as np
 
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import decide_rule, holm, outside_regime, paired
+from modnets.experiments.core.mechanism import Mechanism, mechanism
 from modnets.experiments.stacked_mnist.analysis import convergence_gain, held_out
 from modnets.experiments.stacked_mnist.config import PAPER
 from modnets.experiments.stacked_mnist.rules import RULES
@@ -32,36 +33,67 @@ def _paper(train_counts) -> dict | None:
     return None if entry is None else entry["value"]
 
 
-#: The regime NFM Table 5's claims presuppose: the CNN fits the digit counts it was trained on
-#: (the paper's: 99.27 % on one digit, 87.83 % on three); held-out counts test generalisation
-#: only from a model that learned the trained ones. The bar: this fraction of the paper's.
+#: The regime NFM Table 5's claims presuppose: both models fit the digit counts they were trained
+#: on (the paper's CNN: 99.27 % on one digit, 87.83 % on three; its NFM(CNN) 99.23 % and
+#: 87.78 %); held-out counts test generalisation only from models that learned the trained ones.
+#: The bar: this fraction of the paper's number for the same model.
 REGIME_FRACTION = 0.9
+
+#: The claims about what NFM's reads add (:func:`mechanisms`).
+ABOUT_READS = ("table5-2", "table5-4", "table5-5", "table5-interaction")
+
+
+def mechanisms(results: dict) -> list[Mechanism]:
+    """The part Table 5's claims are about, removed at test time: every NFM read switched off
+    (its gate ``gamma = 0``), scored on the held-out counts (mean exact match). It must cost
+    more than the full NFM(CNN) varies over seeds."""
+    held = held_out(results["config"])
+    runs = results["models"]["NFM(CNN)"]["per_seed"]
+    if not held or not all("test_reads_off" in r for r in runs):
+        return []
+
+    def score(r: dict, key: str) -> float:
+        return float(np.mean([_test(r, c, key)["exact"] for c in held]))
+
+    return [
+        mechanism(
+            "the NFM's reads",
+            "switching every read off (gamma = 0)",
+            ABOUT_READS,
+            [score(r, "test") for r in runs],
+            [score(r, "test_reads_off") for r in runs],
+        )
+    ]
 
 
 def regime(results: dict) -> dict:
-    """Whether the CNN reached :data:`REGIME_FRACTION` of Table 5's CNN accuracy on every trained
-    count, on every seed (the worst seed)."""
+    """Whether the CNN and NFM(CNN) each reached :data:`REGIME_FRACTION` of Table 5's accuracy
+    for the same model on every trained count, on every seed (the worst seed), and whether
+    NFM(CNN) uses its reads (:func:`mechanisms`)."""
     cfg, m = results["config"], results["models"]
     trained = [int(c) for c in cfg["train"]["train_counts"]]
-    paper = (_paper(trained) or {}).get("CNN", {})
+    table = _paper(trained) or {}
     checks = {}
-    for c in trained:
-        if c in paper and c in [int(t) for t in cfg["test_counts"]]:
-            worst = min(_test(r, c)["exact"] for r in m["CNN"]["per_seed"])
-            checks[f"CNN on {c} digits, worst seed"] = (
-                worst,
-                REGIME_FRACTION * paper[c][0] / 100,
-                ">=",
-            )
+    for name in ("CNN", "NFM(CNN)"):
+        paper = table.get(name, {})
+        for c in trained:
+            if c in paper and c in [int(t) for t in cfg["test_counts"]] and name in m:
+                worst = min(_test(r, c)["exact"] for r in m[name]["per_seed"])
+                checks[f"{name} on {c} digits, worst seed"] = (
+                    worst,
+                    REGIME_FRACTION * paper[c][0] / 100,
+                    ">=",
+                )
     return harness.regime(
-        f"the CNN at ≥ {REGIME_FRACTION:.0%} of NFM Table 5's CNN accuracy on "
-        "each trained count, every seed",
+        f"each model at ≥ {REGIME_FRACTION:.0%} of NFM Table 5's accuracy for it on each "
+        "trained count, every seed",
         checks,
+        mechanisms=mechanisms(results),
     )
 
 
-def _test(run: dict, c: int) -> dict:
-    return run["test"].get(str(c), run["test"].get(c))
+def _test(run: dict, c: int, key: str = "test") -> dict:
+    return run[key].get(str(c), run[key].get(c))
 
 
 def claims(results: dict) -> list:

@@ -6,8 +6,11 @@ Run ``python -m modnets.experiments.stacked_mnist --profile cpu --out results.js
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import replace
+
+import torch
 
 from modnets import parallel
 from modnets.data.stacked_mnist import noise_canvases
@@ -26,6 +29,7 @@ from modnets.experiments.stacked_mnist.models import (
     pretrained_cnn,
     trained_model,
 )
+from modnets.models.nfm.attention import NFMAttention
 
 
 def _train_task(config: StackedMNISTConfig, options: RunOptions, task: tuple) -> None:
@@ -99,6 +103,11 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
             diag["ood_dip"][name] = ood_dips({c: r["exact"] for c, r in test.items()}, held)
             if kind == "nfm":
                 diag.update(_nfm_reads(model, tests, config))
+                # the mechanism the claims rely on: the same model with every read switched off
+                silent = reads_off(model)
+                models[name]["per_seed"][-1]["test_reads_off"] = {
+                    c: evaluate(silent, ds, config.eval_batch) for c, ds in tests.items()
+                }
         diag["convergence"] = {
             name: _convergence(models[name]["per_seed"][-1]["history"])
             for name in MODEL_NAMES.values()
@@ -122,6 +131,17 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
             }
         diag_per_seed.append(diag)
     return Measurement(models, {"per_seed": diag_per_seed}, config, config.selection_seeds)
+
+
+def reads_off(model):
+    """A copy of an NFM(CNN) with every read switched off (each gate ``gamma = 0``, NFM eq. 3):
+    its CNN alone, as NFM(CNN) trained it."""
+    silent = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in silent.modules():
+            if isinstance(m, NFMAttention):
+                m.gamma.zero_()
+    return silent
 
 
 def _nfm_reads(model, tests: dict, config: StackedMNISTConfig) -> dict:
