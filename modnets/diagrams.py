@@ -1,7 +1,8 @@
 """Pictures of the architectures, drawn with matplotlib so that they render anywhere (the book,
 Colab, a terminal saving a file): the Neural Interpreter (NI Fig. 1), its function streams, the
-Neural Attentive Circuit's generator and executor (NAC Fig. 1) and NFM's passes over a growing
-memory (NFM Algorithm 1). ``draw(name)`` returns the figure; :data:`DIAGRAMS` lists the names.
+Neural Attentive Circuit's generator and executor (NAC Fig. 1), NFM's passes over a growing
+memory (NFM Algorithm 1), the inside of a LOC, SKMDPA's kernel, the graph prior's matching and
+how an experiment decides a claim. ``draw(name)`` returns the figure; :data:`DIAGRAMS` lists the names.
 """
 
 from __future__ import annotations
@@ -278,12 +279,152 @@ def neural_function_modules():
     return fig
 
 
+def _flow(ax, y, h, row, size=8):
+    """A left-to-right row of boxes ``(x, width, text, role)`` joined by arrows."""
+    for x, w, text, role in row:
+        _box(ax, x, y, w, h, text, role, size=size)
+    for (x0, w0, *_), (x1, *_) in zip(row, row[1:], strict=False):
+        _arrow(ax, (x0 + w0, y + h / 2), (x1, y + h / 2))
+
+
+def loc_inside():
+    """A line of code (NI eqs. 9-10), one function's stream: pre-LayerNorm, ModAttn and ModMLP
+    programmed by the function's code, each residual branch scaled by the compatibility."""
+    fig, ax = _canvas(10, 3.6, "Inside a LOC (NI eqs. 9-10), for function $u$ and token $i$")
+    y, h = 1.9, 0.9
+    _flow(
+        ax,
+        y,
+        h,
+        [
+            (0.1, 1.1, "stream\n$x_{ui}$", "data"),
+            (1.6, 1.1, "LayerNorm", "module"),
+            (3.1, 1.5, "ModAttn over\nthe stream's\ntokens", "module"),
+            (5.0, 1.3, "$a_{ui} = x_{ui}$\n$+ C_{ui} \\cdot$ it", "route"),
+            (6.7, 1.1, "LayerNorm", "module"),
+            (8.2, 1.4, "ModMLP;\n$+ C_{ui} \\cdot$ it", "route"),
+        ],
+    )
+    _box(ax, 2.3, 0.3, 2.6, 0.8, "code $c_u$: programs\nevery ModLin", "code", size=8)
+    _box(ax, 5.4, 0.3, 2.9, 0.8, "compatibility $C_{ui}$\n(type matching)", "route", size=8)
+    for x in (3.85, 8.9):
+        _arrow(ax, (3.6, 1.1), (x, y), color="#6a9a55")
+    for x in (5.65, 8.9):
+        _arrow(ax, (6.85, 1.1), (x, y), color="#b07a2a")
+    ax.text(
+        0.1,
+        3.15,
+        "a token no function matches ($C_{ui} = 0$) passes through unchanged",
+        fontsize=8,
+        color="#666666",
+    )
+    return fig
+
+
+def skmdpa_kernel():
+    """SKMDPA's kernel (NAC eqs. 2-3): signatures give distances, distances link
+    probabilities, a truncation and a Concrete sample the kernel, whose log is added to the
+    attention logits before the softmax."""
+    fig, ax = _canvas(10, 3.4, "SKMDPA's kernel (NAC eqs. 2-3)")
+    y, h = 1.7, 1.0
+    _flow(
+        ax,
+        y,
+        h,
+        [
+            (0.1, 1.3, "signatures\n$s_i$, $s_j$", "code"),
+            (1.8, 1.5, "cosine distance\n$d_{ij} = 1 - \\cos$", "route"),
+            (
+                3.7,
+                1.6,
+                "$P_{ij} = \\exp(-d_{ij} / \\epsilon)$;\n0 where $d_{ij} > \\tau$\n(truncation)",
+                "route",
+            ),
+            (5.7, 1.5, "Concrete sample\n$K_{ij} \\sim P_{ij}$\n(training)", "route"),
+            (
+                7.6,
+                2.2,
+                "softmax$_j$($q_i \\cdot k_j / \\sqrt{d}$\n$+ \\log K_{ij}$) $v_j$",
+                "module",
+            ),
+        ],
+    )
+    ax.text(
+        0.1,
+        0.9,
+        "$K_{ij} = 0$ closes the link: module $i$ never reads module $j$; evaluation uses $P$",
+        fontsize=8,
+        color="#666666",
+    )
+    return fig
+
+
+def prior_matching():
+    """The graph prior (NAC eqs. 6-9): the circuit's link probabilities against a graphon's,
+    after the relabelling of the modules that matches them best."""
+    fig, ax = _canvas(10, 3.4, "Matching the circuit to its graph prior (NAC eqs. 6-9)")
+    _box(ax, 0.1, 1.9, 2.2, 0.9, "link probabilities\n$P$ (learned)", "route")
+    _box(ax, 0.1, 0.5, 2.2, 0.9, "graphon $W$ on a grid:\n$P^{(0)}$ (NAC eq. 7)", "data")
+    _box(ax, 3.1, 1.2, 2.4, 0.9, "relabelling $\\sigma$:\na permutation\n(NAC eq. 9)", "route")
+    _box(
+        ax,
+        6.3,
+        1.2,
+        3.5,
+        0.9,
+        "NAC eq. 6: $\\sum_{i \\neq j} (P_{ij} - P^{(0)}_{\\sigma(i)\\sigma(j)})^2$\nadded to the loss",
+        "module",
+        size=8,
+    )
+    _arrow(ax, (2.3, 2.35), (3.1, 1.8))
+    _arrow(ax, (2.3, 0.95), (3.1, 1.5))
+    _arrow(ax, (5.5, 1.65), (6.3, 1.65))
+    ax.text(
+        0.1,
+        3.05,
+        "the prior fixes the graph's shape, not which module plays which part",
+        fontsize=8,
+        color="#666666",
+    )
+    return fig
+
+
+def evidence_protocol():
+    """How a claim is decided (chapter 4b): rules and selection first, a pilot sets the number
+    of seeds, two disjoint seed sets decide, and the claim counts where they agree."""
+    fig, ax = _canvas(10, 3.2, "How each experiment decides a paper's claim")
+    _flow(
+        ax,
+        1.6,
+        1.0,
+        [
+            (0.1, 1.6, "rules declared;\nsettings chosen\non selection seeds", "code"),
+            (2.1, 1.5, "pilot seeds\n(900-902):\nthe spread", "data"),
+            (4.0, 1.5, "plan: $n$ seeds\nby power\n(mde)", "route"),
+            (5.9, 1.8, "claim seeds and\nreplication seeds:\nregime, mechanism,\nHolm", "module"),
+            (8.1, 1.7, "decided where\nboth sets agree", "route"),
+        ],
+    )
+    ax.text(
+        0.1,
+        0.8,
+        "every seed's record is committed with the code and machine that made it",
+        fontsize=8,
+        color="#666666",
+    )
+    return fig
+
+
 #: ``name -> drawing function``: what :func:`draw` knows.
 DIAGRAMS = {
     "neural_interpreter": neural_interpreter,
     "function_streams": function_streams,
     "neural_attentive_circuit": neural_attentive_circuit,
     "neural_function_modules": neural_function_modules,
+    "loc_inside": loc_inside,
+    "skmdpa_kernel": skmdpa_kernel,
+    "prior_matching": prior_matching,
+    "evidence_protocol": evidence_protocol,
 }
 
 

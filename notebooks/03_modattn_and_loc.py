@@ -225,6 +225,13 @@ print(
 # \qquad
 # y_{ui} = a_{ui} + C_{ui}\,\operatorname{ModMLP}\big(\operatorname{LayerNorm}(a_{ui});\, c_u\big).
 # $$
+#
+# The picture follows one function's stream through a LOC: the code $c_u$ programs both halves
+# and the compatibility $C_{ui}$ scales both residual branches, so a token the function does not
+# match leaves it as it came.
+
+# %% tags=["hide-input"]
+_ = diagrams.draw("loc_inside")
 
 # %%
 loc = modnets.LOC(d, d_code, num_heads=H, mlp_hidden=32)

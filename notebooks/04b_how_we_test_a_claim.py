@@ -38,8 +38,15 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from modnets import diagrams
 from modnets.experiments.core.claims import decide, decide_rule, mde, seeds_needed
 from modnets.experiments.core.rule import POINTS, Rule
+
+# %% [markdown]
+# The whole protocol in one picture, each step below in turn:
+
+# %% tags=["hide-input"]
+_ = diagrams.draw("evidence_protocol")
 
 # %% [markdown]
 # ## A claim is a rule, written before the numbers

@@ -69,6 +69,15 @@ PROFILE = modnets.get_profile()
 config = modnets.profiles.select(fb.CONFIGS)
 print("profile:", PROFILE)
 
+# %% [markdown]
+# How this chapter's claims are decided (chapter 4b): rules declared first, a pilot sets the
+# number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("evidence_protocol")
+
 # %% tags=["hide-cell"]
 show(config)  # the whole configuration (collapsed in the book)
 
@@ -787,7 +796,7 @@ display(
 #
 # from statsmodels.stats.power import TTestPower
 #
-# from modnets.experiments import claims
+# from modnets.experiments.core import claims
 #
 # r2 = {k: [s["mean_r2"] for s in models[k]["per_seed"]] for k in ("type", "cls")}
 # diff = torch.tensor(r2["type"]) - torch.tensor(r2["cls"])

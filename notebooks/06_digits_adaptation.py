@@ -79,6 +79,15 @@ print(
 )
 
 # %% [markdown]
+# How this chapter's claims are decided (chapter 4b): rules declared first, a pilot sets the
+# number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("evidence_protocol")
+
+# %% [markdown]
 # ## The data
 #
 # Images are brought to 32×32 with three channels (MNIST and K-MNIST are upsampled from 28×28 and

@@ -389,6 +389,17 @@ assert torch.equal(concrete_sample(P_t, 0.5) == 0, P_t == 0)
 # %% [markdown]
 # ## From kernel to attention weights (NAC eq. 3)
 #
+# The whole path so far, from signatures to the messages, in one picture: distances become link
+# probabilities, the truncation and a Concrete sample make the kernel, and its log joins the
+# attention logits, so a closed link ($K_{ij} = 0$) gets no weight at all.
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("skmdpa_kernel")
+
+# %% [markdown]
+#
 # With the scaled dot-product score $A_{i\leftarrow j} = q_i \cdot k_j / \sqrt{d}$, NAC eq. 3 adds
 # the kernel to the logits in log space:
 #

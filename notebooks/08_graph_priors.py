@@ -238,6 +238,17 @@ print(f"U = {U_big}, density {density:.4f}")
 # %% [markdown]
 # ## The regulariser (NAC eq. 6) and the permutation (NAC eq. 9)
 #
+# In one picture: the learned link probabilities and the graphon's are compared only after the
+# modules are relabelled to match, so the prior fixes the graph's shape, not which module is the
+# hub.
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("prior_matching")
+
+# %% [markdown]
+#
 # The properties of a graph do not depend on how its nodes are numbered, and nothing tells module
 # 0 that it should be the hub. NAC eq. 6 therefore compares $P$ with the prior *after* a relabelling
 # $\sigma$ (module $v$ plays prior node $\sigma(v)$):

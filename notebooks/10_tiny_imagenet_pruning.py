@@ -80,6 +80,15 @@ PROFILE = get_profile()
 config = select(ti.CONFIGS)
 print("profile:", PROFILE, "| seeds:", config.seeds, "| priors:", config.priors)
 
+# %% [markdown]
+# How this chapter's claims are decided (chapter 4b): rules declared first, a pilot sets the
+# number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("evidence_protocol")
+
 # %% tags=["hide-cell"]
 show(config.train)  # the whole configuration (collapsed in the book)
 

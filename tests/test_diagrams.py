@@ -30,7 +30,19 @@ PARTS = {
         "graph prior",
     ],
     "neural_function_modules": ["memory", "pass 1", "pass 2", "top k", "gamma"],
+    "loc_inside": ["LayerNorm", "ModAttn", "ModMLP", "C_{ui}", "code $c_u$"],
+    "skmdpa_kernel": ["signatures", "cosine distance", "truncation", "Concrete", "softmax"],
+    "prior_matching": ["graphon", "permutation", "NAC eq. 6", "NAC eq. 9"],
+    "evidence_protocol": ["selection seeds", "pilot", "power", "replication", "agree", "Holm"],
 }
+
+
+def test_every_diagram_is_drawn_in_a_chapter_that_says_what_to_see():
+    from modnets.exercises import NOTEBOOKS
+
+    text = "".join(p.read_text() for p in NOTEBOOKS.glob("*.py"))
+    missing = [n for n in diagrams.DIAGRAMS if f'diagrams.draw("{n}")' not in text]
+    assert not missing, f"no chapter draws {missing}"
 
 
 @pytest.mark.parametrize("name", sorted(diagrams.DIAGRAMS))
