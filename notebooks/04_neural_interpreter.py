@@ -394,6 +394,43 @@ for k in range(len(r["functions_per_token"])):
 print("regime:", r["regime"])
 
 # %% [markdown]
+# ## What each function attends to
+#
+# Inside a function, ModAttn mixes the tokens it was given (NI eq. 7): token $i$ reads token $j$
+# with weight $W_{uij}$, and both ends are scaled by the compatibilities, so a token the function
+# does not match neither reads nor is read. We record the input of the trained model's LOC at
+# every function iteration and recompute the weights of the last iteration for one validation
+# input, averaged over the heads (`ModAttn.attention_weights`).
+
+# %%
+loc = net.scripts[0].iteration.interpreter.locs[0]
+seen = []
+hook = loc.register_forward_pre_hook(lambda module, args: seen.append(args))
+with torch.no_grad():
+    net(x_val[:1])
+hook.remove()
+x_in, codes_in, compat_in = seen[-1]  # the last function iteration
+with torch.no_grad():
+    W = loc.attn.attention_weights(loc.norm_attn(x_in), codes_in, compat_in)[0].mean(1)
+names = ["CLS 1", "CLS 2"] + [f"$x_{j + 1}$" for j in range(6)]
+fig, axes = plt.subplots(1, W.shape[0], figsize=(2.6 * W.shape[0], 2.8))
+for u, ax in enumerate(axes):
+    ax.imshow(W[u], vmin=0, vmax=1, cmap="Blues")
+    ax.set_title(f"function {u + 1}", fontsize=9)
+    ax.set_xticks(range(8), names, fontsize=6, rotation=90)
+    ax.set_yticks(range(8), names if u == 0 else [], fontsize=6)
+axes[0].set_ylabel("token $i$ reads ...")
+fig.supxlabel("... token $j$", fontsize=9)
+plt.tight_layout()
+matched = compat_in[0, :, :].gt(0)
+assert torch.all(W.sum(-1)[~matched] == 0)  # an unmatched token reads nothing
+
+# %% [markdown]
+# What to see: each function has its own pattern, and a row is empty where the function does
+# not match that token (its compatibility is 0); the CLS tokens' rows show which elements each
+# function gathers for the outputs.
+
+# %% [markdown]
 # ## Anytime inference
 #
 # Because every iteration of a script shares its parameters, the model can run with a different

@@ -443,6 +443,58 @@ axes[1].set_title(
 plt.tight_layout()
 
 # %% [markdown]
+# ## What each head reads
+#
+# The circuit says which links may carry a message; the attention decides how much each open
+# link carries (NAC eq. 3). We record the first propagator's queries and keys and its kernel
+# (the `skmdpa.log_kernel` probe) on one held-out set, recompute each head's weights
+# $W_{i\leftarrow j} = \operatorname{softmax}_j(q_i \cdot k_j / \sqrt{d_h} + \log \hat K_{ij})$,
+# check that they give the propagator's own messages, and draw them with the modules in the
+# order above.
+
+# %%
+from modnets import probes
+
+skmdpa = model.propagators[0].attn.attention
+seen = []
+hooks = [
+    skmdpa.register_forward_pre_hook(lambda module, args: seen.append(args)),
+    skmdpa.register_forward_hook(lambda module, args, out: seen.append(out)),
+]
+with torch.no_grad(), probes.trace("skmdpa.log_kernel") as t:
+    model(xt[:1])
+for h in hooks:
+    h.remove()
+(q, k, v, *_), message = seen[0], seen[1]
+log_k = t["skmdpa.log_kernel"][0]  # the first propagator's, the first SKMDPA call
+H, U = skmdpa.num_heads, q.shape[1]
+
+
+def heads(z):
+    return z.view(1, U, H, -1).transpose(1, 2)  # (1, H, U, d_h)
+
+
+scores = heads(q) @ heads(k).transpose(-1, -2) / heads(q).shape[-1] ** 0.5
+W = torch.softmax(scores + log_k, dim=-1).nan_to_num(0.0)[0]  # (H, U, U)
+mine = (W @ heads(v)[0]).transpose(0, 1).reshape(1, U, -1)
+torch.testing.assert_close(
+    mine, message
+)  # the propagator's messages, from these weights
+fig, axes = plt.subplots(1, H, figsize=(3.2 * H, 3.2))
+for h, ax in enumerate(axes):
+    ax.imshow(W[h][order][:, order], vmin=0, vmax=1, cmap="Blues")
+    ax.set(title=f"head {h + 1}", xlabel="module j (sender)")
+axes[0].set_ylabel("module i (receiver)")
+plt.tight_layout()
+closed = torch.isneginf(log_k.squeeze())
+assert torch.all(W[:, closed] == 0)  # a closed link carries nothing, in every head
+
+# %% [markdown]
+# What to see: a link the kernel closed is empty in every head, so all heads share one circuit;
+# among the open links, most weight goes to a module's own state (the diagonal) and a few
+# senders, and where the heads differ, they read the same circuit differently.
+
+# %% [markdown]
 # ## Dropping modules at inference time (App. F)
 #
 # `drop_modules(n)` returns a copy without the $n$ least connected mediators (here, with $R = 0$,
