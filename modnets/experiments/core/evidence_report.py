@@ -293,20 +293,14 @@ def _paper_paragraph(paper: str, rows: list, tested: str) -> str:
     inconclusive = by.get("inconclusive", [])
     less = [a for a in inconclusive if a.smaller]
     weak = [a for a in inconclusive if not a.smaller]
-    if less:
-        said.append(
-            "Both leave "
-            + ", ".join(_quoted(a) for a in less)
-            + " inconclusive with an effect smaller than the paper's: their intervals hold the "
-            "threshold and exclude the paper's effect."
-        )
-    if weak:
-        said.append(
-            "Both leave "
-            + ", ".join(_quoted(a) for a in weak)
-            + " inconclusive, underpowered: their intervals hold both the threshold and the "
-            "paper's effect."
-        )
+    why = {
+        " with an effect smaller than the paper's: their intervals hold the threshold and "
+        "exclude the paper's effect": less,
+        ", underpowered: their intervals hold both the threshold and the paper's effect": weak,
+    }
+    for reason, group in why.items():
+        if group:
+            said.append(f"Both leave {', '.join(map(_quoted, group))} inconclusive{reason}.")
     for a in by.get("not testable here", []):
         reason = a.claims["claim"].reason if "claim" in a.claims else ""
         said.append(f"`{a.id}` is not testable here: {reason.rstrip('.')}.")
