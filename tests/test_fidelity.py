@@ -246,10 +246,18 @@ def test_the_public_tiny_kernel_and_prior_are_measured_beside_the_default_on_the
     make_tree(tmp_path / "data")
     smoke = ti.CONFIGS["smoke"]
     nac_train = dataclasses.replace(smoke.train.nac_train, batch_size=4)
+    pio_train = dataclasses.replace(smoke.train.pio_train, batch_size=4)
     train = dataclasses.replace(
-        smoke.train, classes=3, max_train_per_class=5, max_val_per_class=None, nac_train=nac_train
+        smoke.train,
+        classes=3,
+        max_train_per_class=5,
+        max_val_per_class=None,
+        nac_train=nac_train,
+        pio_train=pio_train,
     )
-    result = fidelity.compare("smoke", dataclasses.replace(smoke, train=train), 1, False)
+    config = dataclasses.replace(smoke, train=train)
+    kernels = ("public-tiny", "public-tiny, public prior")
+    result = fidelity.compare("smoke", config, 1, False, only=kernels)
     assert list(result["variants"]) == list(fidelity.VARIANTS)
     default, public, prior = result["variants"].values()
     assert [r["seed"] for r in default["per_seed"]] == [r["seed"] for r in public["per_seed"]]
@@ -264,6 +272,24 @@ def test_the_public_tiny_kernel_and_prior_are_measured_beside_the_default_on_the
     assert d["mean"] == pytest.approx(sum(top1) / len(top1)) and d["low"] <= d["mean"] <= d["high"]
     with pytest.raises(ValueError, match="variant"):
         fidelity.variant_config(smoke, "public")
+    # each variant against Perceiver IO, trained beside them under the same recipe
+    gap = result["minus_pio"]["public-tiny"]
+    pio = [r["top1"] for r in result["pio"]]
+    own = [r["top1"] for r in public["per_seed"]]
+    diffs = [a - b for a, b in zip(own, pio, strict=True)]
+    assert gap["mean"] == pytest.approx(sum(diffs) / len(diffs))
+    # the groups of the public run's choices, and all of them with the kernel
+    groups = fidelity.variants(smoke)
+    everything = groups["public, all"]
+    for name in ("signatures", "read-in", "FFN", "read-out and norms", "public-tiny"):
+        assert groups[name].items() <= everything.items(), name
+    assert everything["decay_codes"] and groups["read-in"]["read_in_heads"] == 2  # smoke's heads
+    for name in groups:
+        fidelity.variant_config(smoke, name).train.nac_config()  # each builds a valid NAC
+    with pytest.raises(ValueError, match="selection seeds"):
+        fidelity.compare("smoke", dataclasses.replace(config, selection_seeds=(7,)), seeds=(7,))
+    with pytest.raises(ValueError, match="only"):
+        fidelity.compare("smoke", config, only=("everything",))
 
 
 def test_the_graph_weight_scales_the_prior_term_of_the_loss():

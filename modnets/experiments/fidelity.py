@@ -1,13 +1,18 @@
-"""The public NAC code's Tiny-ImageNet kernel and prior loss beside modnets' defaults, same seeds.
+"""The public NAC code's Tiny-ImageNet choices beside modnets' defaults, same seeds: how much of
+the NAC's gap to Perceiver IO each group of differences explains.
 
 The public Tiny-ImageNet run truncates the kernel and never samples it, learns one bandwidth per
 kernel and leaves the read-out untruncated (:data:`modnets.models.nac.KERNEL_REGIMES`); modnets' default
 also samples, shares one bandwidth and truncates the read-out. Its prior loss is a mean over all
 pairs, summed over the kernels (``NACConfig.prior_loss="public"``). Everything else is chapter 10's
-configuration at the profile, so the default's NACs are the chapter's checkpoints. Per seed: top-1,
-the drop curve (modules dropped least connected first, NAC App. F) and the learned circuit (mean
-off-diagonal ``P``, bandwidth); then each variant's paired difference from the default with its
-95 % t-interval. The results are a record for book/fidelity.md, not a claim::
+configuration at the profile, so the default's NACs are the chapter's checkpoints. The other
+groups (:func:`variants`): signatures pre-fitted to a Watts-Strogatz graph; the read-in's heads
+and LayerScale; the public run's GELU FFN of 4/3 the width; the read-out's DropPath, the seeder's
+noise on its states and the senders' own LayerNorm; and all of them with the kernel and decayed
+codes. Perceiver IO trains beside them under the same recipe. Per seed: top-1, the drop curve
+(modules dropped least connected first, NAC App. F) and the learned circuit (mean off-diagonal
+``P``, bandwidth); then each variant's paired difference from the default, and from Perceiver
+IO, with its 95 % t-interval. The results are a record for book/fidelity.md, not a claim::
 
     python -m modnets.experiments.fidelity --profile cpu
 
@@ -41,16 +46,39 @@ VARIANTS = {
     "public-tiny": KERNEL_REGIMES["public-tiny"],
     "public-tiny, public prior": {**KERNEL_REGIMES["public-tiny"], "prior_loss": "public"},
 }
+#: The public run's read-out and norms: DropPath on its branches, the seeder's noise on its
+#: states, the senders' own LayerNorm
+READ_OUT = {"read_out_drop_path": True, "read_out_state_noise": True, "share_layernorm": False}
+
+
+def variants(config: ti.TinyImageNetConfig) -> dict[str, dict]:
+    """:data:`VARIANTS` and one per group of the public Tiny-ImageNet run's choices, sized for
+    ``config``'s NAC (the read-in's heads as the propagators', the FFN at 4/3 of the width, as
+    the public run's 512 of 384), then all of them together."""
+    nac = config.train.nac_config()
+    groups = {
+        "signatures": {"signature_prefit": "watts_strogatz"},
+        "read-in": {"read_in_heads": nac.num_heads, "read_in_layer_scale": 0.1},
+        "FFN": {"activation": "gelu", "ffn_hidden": round(4 / 3 * nac.dim)},
+        "read-out and norms": READ_OUT,
+    }
+    everything = {**KERNEL_REGIMES["public-tiny"], "decay_codes": True}
+    for group in groups.values():
+        everything |= group
+    return {**VARIANTS, **groups, "public, all": everything}
+
+
 DEFAULT = "modnets"
 PRIOR = "scale_free"
 KEYS = ("top1", "lost_at80", "mean_offdiagonal_P")
 
 
 def variant_config(config: ti.TinyImageNetConfig, variant: str) -> ti.TinyImageNetConfig:
-    """``config`` with its NAC changed as :data:`VARIANTS` ``[variant]`` says."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
-    nac = {**config.train.nac, **VARIANTS[variant]}
+    """``config`` with its NAC changed as :func:`variants` ``[variant]`` says."""
+    known = variants(config)
+    if variant not in known:
+        raise ValueError(f"variant must be one of {list(known)}, got {variant!r}")
+    nac = {**config.train.nac, **known[variant]}
     return replace(config, train=replace(config.train, nac=nac), priors=(PRIOR,))
 
 
@@ -85,19 +113,40 @@ def compare(
     config: ti.TinyImageNetConfig | None = None,
     workers: int | None = None,
     show_progress: bool = True,
+    seeds: tuple[int, ...] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict:
-    """Train (or load) the NAC of each variant at every seed of chapter 10's ``profile`` config
-    (or of ``config``); each variant's per-seed results and its paired difference from the
-    default (``minus_default[variant][key]``)."""
+    """Train (or load) the NAC of each variant (``only`` these, the default always) and
+    Perceiver IO at every seed of chapter 10's ``profile`` config (or of ``config``; ``seeds``
+    instead of its own); each variant's per-seed results, its paired difference from the default
+    (``minus_default[variant][key]``) and its top-1 minus Perceiver IO's (``minus_pio``)."""
     profile = get_profile(profile)
     base = select(ti.CONFIGS, profile) if config is None else config
+    if seeds is not None:
+        clash = sorted(set(seeds) & set(base.selection_seeds))
+        if clash:
+            raise ValueError(f"seeds {clash} are selection seeds; pick others")
+        base = replace(base, seeds=tuple(seeds))
+    names = list(variants(base))
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise ValueError(f"only must name variants of {names}, got {unknown}")
+    names = [n for n in names if n == DEFAULT or only is None or n in only]
     device = default_device()
     data = ti.load_data(base.train)
     workers = harness.workers_for(workers, profile, device)
     options = RunOptions(device=device, show_progress=show_progress, workers=workers)
     out = {"profile": profile, "seeds": list(base.seeds), "prior": PRIOR, "variants": {}}
     with parallel.keep_workers():  # started once for all the variants
-        for variant in VARIANTS:
+        train = functools.partial(ti.train_task, base, options)
+        harness.train_ahead(train, [(s, "pio", None) for s in base.seeds], options, "Perceiver IO")
+        pio = [ti.trained_model("pio", base, s, data, options)[0] for s in base.seeds]
+        # the intact model's top-1, as the drop curve measures it for the NACs
+        out["pio"] = [
+            {"seed": s, "top1": ti.drop_curve(m, data, [0.0], base.eval_batch)[0]["top1"]}
+            for s, m in zip(base.seeds, pio, strict=True)
+        ]
+        for variant in names:
             config = variant_config(base, variant)
             train = functools.partial(ti.train_task, config, options)
             tasks = [(seed, "nac", PRIOR) for seed in config.seeds]
@@ -113,6 +162,11 @@ def compare(
         for variant, v in out["variants"].items()
         if variant != DEFAULT
     }
+    pio_top1 = [r["top1"] for r in out["pio"]]
+    out["minus_pio"] = {
+        variant: paired(pio_top1, [r["top1"] for r in v["per_seed"]])
+        for variant, v in out["variants"].items()
+    }
     return out
 
 
@@ -122,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out or Path("bench/recorded") / f"fidelity_tiny_imagenet_{profile}.json"
     result = compare(profile, workers=args.workers)
     save_results(result, path)
+    for variant, d in result["minus_pio"].items():
+        print(
+            f"{variant} - Perceiver IO, top1: {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+        )
     for variant, diffs in result["minus_default"].items():
         for key, d in diffs.items():
             print(
