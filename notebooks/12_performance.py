@@ -52,6 +52,33 @@ if "google.colab" in sys.modules:
 # | 5 | how much faster is a NAC with 80 % of its modules dropped? | ≥ 4x |
 # | 6 | what fraction of the machine's matmul speed does training reach? | ≥ 50 % |
 # | 7 | can a 1,024-module NAC train on a laptop CPU? | yes |
+#
+# ## What makes each architecture fast or slow
+#
+# Before any timing, the arithmetic. A dense layer on $T$ tokens of width $d$ costs $2Td^2$
+# FLOPs in one large matrix product, which a CPU or GPU runs near its peak. The three
+# architectures spend their time elsewhere as well, and the sections below measure where.
+#
+# * **The Neural Interpreter** runs each of its $U$ functions on every token it matches, so a
+#   function iteration does $U$ times the work of a transformer layer on $T$ tokens. Each
+#   function's weights are the shared $W$ scaled by its code ($W\,\mathrm{diag}(m_u)$, NI eq. 4),
+#   so the products are $U$ smaller ones of the same shape, batched (section 2); around them, the
+#   compatibilities $C_{ui}$ scale every stream element-wise (NI eqs. 7, 9 and 10), memory
+#   traffic that grows with $U \cdot T \cdot d$ and no FLOPs to hide it. At few tokens the
+#   element-wise work, not the products, sets the time (sections 2b-2d).
+# * **The Neural Attentive Circuit** attends among its $U$ modules, not among the input's $N$
+#   tokens: the read-in costs $O(U N d)$ once, each propagator $O(U^2 d)$ whatever $N$ is, and
+#   the ModFFNs $O(U d^2)$ in per-module products of one shared weight. Its cost grows like
+#   Perceiver IO's (section 3, section 4), and dropping modules removes rows of every product, so
+#   it shrinks with them (section 5).
+# * **Neural Function Modules** add reads to a CNN: at every position, every earlier state's
+#   candidates are scored and the top $k$ kept (NFM eq. 1), many small element-wise operations
+#   per position that a compiler fuses (section 9) but the FLOP count barely sees.
+#
+# Ratios to a plain counterpart (a transformer, Perceiver IO, `nn.Linear`) carry between
+# machines as long as both sides are limited by the same thing; where one side is limited by
+# matrix products and the other by memory traffic, a machine with faster products moves the
+# ratio, and the table at the end says which targets are ratios of that kind.
 
 # %%
 import json
