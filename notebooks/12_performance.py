@@ -78,7 +78,7 @@ if "google.colab" in sys.modules:
 # Ratios to a plain counterpart (a transformer, Perceiver IO, `nn.Linear`) carry between
 # machines as long as both sides are limited by the same thing; where one side is limited by
 # matrix products and the other by memory traffic, a machine with faster products moves the
-# ratio, and the table at the end says which targets are ratios of that kind.
+# ratio.
 
 # %%
 import json
