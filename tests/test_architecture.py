@@ -36,7 +36,7 @@ INSPECT = {"diagnostics", "viz", "diagrams"}
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("registry", "benchmarks", "reproduce"):
+    if len(parts) == 1 or parts[1] in ("registry", "benchmarks", "reproduce", "exercises"):
         return "top"
     name = parts[1]
     if name in BASE:

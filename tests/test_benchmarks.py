@@ -277,7 +277,9 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     monkeypatch.setattr(b.steps.subprocess, "Popen", _SeedWorker)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
     config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False, compile=True, fused=True)
-    # stacked MNIST has one claim seed at cpu: too few for two workers, it trains in this process
+    # an experiment with one claim seed (stacked MNIST here): too few for two workers, it trains
+    # in this process
+    _one_seed_at_cpu(monkeypatch)
     lone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32, 1))
     plain = TrainConfig(epochs=1, batch_size=8, lr=1e-3, amp=False)
     monkeypatch.setattr(
@@ -310,8 +312,17 @@ def test_train_steps_as_run_in_the_experiments_seed_workers(monkeypatch):
     assert row["break_even_steps"] == expected
 
 
-def test_an_experiment_with_fewer_claim_seeds_than_workers_trains_in_one_process():
-    # stacked MNIST's one seed at cpu; every experiment has two seeds at smoke
+def _one_seed_at_cpu(monkeypatch) -> None:
+    """Stacked MNIST configured with one seed at ``cpu``."""
+    from modnets.experiments import stacked_mnist
+
+    one = dataclasses.replace(stacked_mnist.CONFIGS["cpu"], seeds=(0,))
+    monkeypatch.setitem(stacked_mnist.CONFIGS, "cpu", one)
+
+
+def test_an_experiment_with_fewer_claim_seeds_than_workers_trains_in_one_process(monkeypatch):
+    # stacked MNIST with one seed at cpu; every experiment has two seeds at smoke
+    _one_seed_at_cpu(monkeypatch)
     for profile, expected in (
         ("cpu", {"CNN (stacked MNIST)", "NFM (stacked MNIST)"}),
         ("smoke", set()),

@@ -140,7 +140,7 @@ def _trained_alone(cfg: BenchConfig, workers: int, names: Iterable[str]) -> set[
     """Those of ``names`` (the models of :func:`_experiment_models`) whose experiment trains its
     seeds in whole rounds of ``workers`` and has fewer claim seeds than that at
     ``cfg.experiments``: no round fills the workers, so it trains them in its main process with
-    every thread (stacked MNIST's one seed at ``cpu``). Tiny-ImageNet's tasks are its seeds
+    every thread (an experiment configured with one seed). Tiny-ImageNet's tasks are its seeds
     times its models, which fill the workers."""
     from modnets.experiments import digits, fuzzy_boolean, stacked_mnist
 
@@ -279,8 +279,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     (:func:`modnets.experiments.core.harness.workers_for`: one single-threaded process per core
     on a CPU, all training at once; one process at ``smoke`` and on a GPU). Every worker trains
     a copy of one model, as the experiments' seeds do; an experiment with fewer seeds than workers
-    trains in this process with every thread, as it does when run (stacked MNIST's single seed at
-    ``cpu``: a lone pretraining, then two models of unequal cost). ``as_run_ms`` is the
+    trains in this process with every thread, as it does when run. ``as_run_ms`` is the
     time per step of all workers together (one over their summed steps per second), ``worker_ms``
     one worker's step; ``speedup_workers_only``: the plain steps in the same workers, the gain
     of the worker layout alone. ``warmup_s``: the first two steps as run (compilation) less two

@@ -13,7 +13,6 @@ edges.
 
 from __future__ import annotations
 
-import networkx as nx
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,6 +25,8 @@ def signature_graph(name: str, num_nodes: int, seed: int) -> Tensor:
     """The ``(U, U)`` adjacency of a graph of kind ``name`` on ``num_nodes`` nodes: Watts-Strogatz
     with ``k = round(0.1 U)`` neighbours rewired at ``p = 0.4`` (the public Tiny-ImageNet run) or
     Barabási-Albert with ``m = 2`` (its ImageNet run); ``seed`` draws it."""
+    import networkx as nx  # only here: a process that trains never loads it
+
     if name == "watts_strogatz":
         g = nx.watts_strogatz_graph(num_nodes, k=round(0.1 * num_nodes), p=0.4, seed=seed)
     elif name == "barabasi_albert":

@@ -1,16 +1,10 @@
-"""Neural Interpreters (Rahaman et al., 2021): interpreter, function iterations, scripts, the model.
-
-The hierarchy, from the inside out (NI §2):
-
-* :class:`~modnets.nn.loc.LOC` -- attention + MLP in one stream per function (NI eqs. 9-10).
-* :class:`Interpreter` -- ``n_l`` LOCs; the streams are then pooled back by compatibility (NI eq. 11).
-* :class:`FunctionIteration` -- type matching, then the interpreter (NI eqs. 12-13).
-* :class:`Script` -- a set of functions ``(s_u, c_u)`` and ``n_i`` function iterations that share
-  all parameters (NI eq. 14).
-* :class:`NeuralInterpreter` -- a tokeniser, CLS tokens, ``n_s`` scripts and heads (NI eq. 1).
-
-All function streams live in one tensor of shape ``(batch, functions, tokens, dim)``; there is no
-Python loop over functions or heads.
+"""Neural Interpreters (Rahaman et al., 2021), from the inside out (NI §2): a
+:class:`~modnets.nn.loc.LOC` (NI eqs. 9-10); the :class:`Interpreter`, ``n_l`` LOCs pooled back by
+compatibility (NI eq. 11); a :class:`FunctionIteration`, type matching then the interpreter (NI eqs.
+12-13); a :class:`Script`, functions ``(s_u, c_u)`` and ``n_i`` iterations sharing all parameters
+(NI eq. 14); the :class:`NeuralInterpreter`, tokeniser, CLS tokens, ``n_s`` scripts and heads (NI
+eq. 1). All function streams live in one ``(batch, functions, tokens, dim)`` tensor: no Python
+loop over functions or heads.
 """
 
 from __future__ import annotations
@@ -69,10 +63,8 @@ class NIConfig:
         num_elements, element_features: for vectors.
         num_cls: CLS tokens. num_outputs: outputs per CLS token. shared_head: one head for all.
 
-    Switches to the public code (book/fidelity.md):
-        qk_bias: biases on the query and key projections (NI eq. 4's ModLin has one; the public
-            code's have none: ``False``).
-        cls_std: the standard deviation the CLS tokens are drawn at (the public code's 1).
+    Switches to the public code (book/fidelity.md): qk_bias (``False``: no query or key bias, as
+    the public code; NI eq. 4's ModLin has one); cls_std (the CLS tokens' std; public: 1).
     """
 
     dim: int = 192
@@ -176,14 +168,10 @@ class NIConfig:
 
 @dataclass
 class NIOutput:
-    """What :meth:`NeuralInterpreter.forward` returns with ``return_routing=True``.
-
-    Attributes:
-        logits: ``(B, num_cls, num_outputs)``.
-        compatibilities: per script, ``C`` of every function iteration, ``(B, n_i, U, T)``
-            (tokens include the CLS tokens first): the computational paths of NI Fig. 3.
-        types: per script, the inferred types ``(B, n_i, T, d_type)`` (NI Fig. 4).
-    """
+    """What :meth:`NeuralInterpreter.forward` returns with ``return_routing=True``: ``logits``
+    ``(B, num_cls, num_outputs)``; per script, ``compatibilities`` ``C`` of every function
+    iteration, ``(B, n_i, U, T)``, CLS tokens first (NI Fig. 3's paths), and ``types``
+    ``(B, n_i, T, d_type)`` (NI Fig. 4)."""
 
     logits: Tensor
     compatibilities: list[Tensor]
@@ -193,18 +181,13 @@ class NIOutput:
 class Interpreter(nn.Module):
     """``n_l`` LOCs over the function streams, pooled back by compatibility (NI eq. 11).
 
-    NI eq. 11 read literally is ``y_i = x_i + sum_u C_ui LOCs(x)_ui``. Each LOC already carries a
-    residual (NI eqs. 9-10), so ``LOCs(x)_ui = x_i + delta_ui`` and the literal form gives
-    ``y_i = (1 + sum_u C_ui) x_i + ...``: a matched token is *doubled* by every function
-    iteration, and 8 iterations scale it by up to 256 (chapter 4 measures this). We therefore pool
-    the streams' *updates* by default (``residual="delta"``)::
-
-        y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)
-
-    which keeps both properties the paper derives from NI eq. 11 (``C_ui = 0`` for all ``u`` gives
-    ``y_i = x_i``; nothing depends on the number of functions).
-    ``residual="literal"`` gives NI eq. 11 as printed; ``"gating"`` the public code's default,
-    ``(1 - mean_u C_ui) x_i + mean_u C_ui * sum_u C_ui LOCs(x)_ui``; ``"none"`` the public digits
+    NI eq. 11 read literally, ``y_i = x_i + sum_u C_ui LOCs(x)_ui``, doubles a matched token at
+    every function iteration, since each LOC carries a residual (``LOCs(x)_ui = x_i + delta_ui``):
+    8 iterations scale it by up to 256 (chapter 4). By default (``residual="delta"``) we pool the
+    *updates*, ``y_i = x_i + sum_u C_ui (LOCs(x)_ui - x_i)``, which keeps what the paper derives
+    from NI eq. 11 (``C_ui = 0`` for all ``u`` gives ``y_i = x_i``; nothing depends on the number
+    of functions). ``"literal"``: NI eq. 11 as printed; ``"gating"``: the public default,
+    ``(1 - mean_u C_ui) x_i + mean_u C_ui * sum_u C_ui LOCs(x)_ui``; ``"none"``: the public digits
     preset, ``sum_u C_ui LOCs(x)_ui`` (a token no function matches becomes zero).
 
     Shapes: x ``(B, T, d)``, codes ``(U, d_code)``, compat ``(B, U, T)`` -> ``(B, T, d)``.
@@ -299,9 +282,8 @@ class Script(nn.Module):
     """A set of functions and ``n_i`` recurrent function iterations (NI eq. 14).
 
     Functions are rows of ``signatures`` (unit vectors, fixed unless ``learn_signatures``) and
-    ``codes``. They are stored as chunks so that functions added later can train while the old
-    ones stay frozen (:meth:`add_functions`). Only these two tensors depend on the number of
-    functions.
+    ``codes``, the only tensors that depend on the number of functions, stored as chunks so that
+    functions added later can train while the old ones stay frozen (:meth:`add_functions`).
 
     Shapes: x ``(B, T, d)`` -> ``(B, T, d)``.
     """

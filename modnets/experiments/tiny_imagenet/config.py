@@ -192,7 +192,7 @@ CONFIGS = {
     # 20 classes (10,000 train / 1,000 val images), 64 processor and 8 read-out modules, dim 64,
     # 2 layers (ffn 128, codes 32), 8 epochs of both models. The short schedule takes a higher
     # learning rate than Table 4's and one warm-up epoch. The graph prior is scale-free alone:
-    # a second prior would cost a third model per seed.
+    # another prior would cost a third model per seed.
     "cpu": TinyImageNetConfig(
         TinyImageNetTrain(
             classes=20,
