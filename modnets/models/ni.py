@@ -1,10 +1,10 @@
 """Neural Interpreters (Rahaman et al., 2021), from the inside out (NI §2): a
 :class:`~modnets.nn.loc.LOC` (NI eqs. 9-10); the :class:`Interpreter`, ``n_l`` LOCs pooled back by
-compatibility (NI eq. 11); a :class:`FunctionIteration`, type matching then the interpreter (NI eqs.
-12-13); a :class:`Script`, functions ``(s_u, c_u)`` and ``n_i`` iterations sharing all parameters
-(NI eq. 14); the :class:`NeuralInterpreter`, tokeniser, CLS tokens, ``n_s`` scripts and heads (NI
-eq. 1). All function streams live in one ``(batch, functions, tokens, dim)`` tensor: no Python
-loop over functions or heads.
+compatibility (NI eq. 11); a :class:`FunctionIteration`, type matching then the interpreter
+(NI eqs. 12-13); a :class:`Script`, functions ``(s_u, c_u)`` and ``n_i`` iterations sharing all
+parameters (NI eq. 14); the :class:`NeuralInterpreter`, tokeniser, CLS tokens, ``n_s`` scripts and heads
+(NI eq. 1). All function streams live in one ``(batch, functions, tokens, dim)`` tensor: no
+Python loop over functions or heads.
 """
 
 from __future__ import annotations
