@@ -498,6 +498,16 @@ def test_finetuning_starts_both_models_from_one_pretrained_cnn(env, monkeypatch)
     assert cnn.pool == "flatten"
 
 
+def test_from_scratch_both_compile_and_only_the_cnn_goes_channels_last():
+    t = sm.CONFIGS["cpu"].train
+    assert t.finetune_epochs == 0  # App. C: both models from scratch
+    cnn, nfm = t.scratch_optim("cnn"), t.scratch_optim("nfm")
+    assert cnn.compile and nfm.compile and cnn.channels_last and not nfm.channels_last
+    assert (cnn.epochs, cnn.lr) == (nfm.epochs, nfm.lr) == (t.optim.epochs, t.optim.lr)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        t.scratch_optim("vit")
+
+
 def test_finetunings_compile_nothing_and_nfm_keeps_the_default_layout():
     t = dataclasses.replace(sm.CONFIGS["cpu"].train, finetune_epochs=1)
     assert t.optim.compile and t.optim.channels_last  # a from-scratch run's many steps

@@ -143,6 +143,13 @@ class StackedMNISTTrain:
         if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
             raise ValueError(f"finetune_epochs must be an int >= 0, got {self.finetune_epochs!r}")
 
+    def scratch_optim(self, kind: str) -> TrainConfig:
+        """How ``kind`` trains from scratch: ``optim``, with NFM(CNN)'s weights in the default
+        layout (most of its step is its reads, which channels-last convolutions do not speed)."""
+        if kind not in MODEL_NAMES:
+            raise ValueError(f"kind must be one of {tuple(MODEL_NAMES)}, got {kind!r}")
+        return replace(self.optim, channels_last=self.optim.channels_last and kind == "cnn")
+
     def finetune_optim(self, kind: str) -> TrainConfig:
         """How ``kind`` goes on from the CNN: ``optim`` for ``finetune_epochs`` epochs, nothing
         compiled (so few steps never repay NFM(CNN)'s compilation), and

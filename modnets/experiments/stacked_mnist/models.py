@@ -151,7 +151,7 @@ def trained_model(
             t,
             seed,
             lambda: build_model(kind, t),
-            lambda model, stage: train(model, data, t.optim, stage),
+            lambda model, stage: train(model, data, t.scratch_optim(kind), stage),
             code=TRAIN_CODE,
             data=fingerprint,
             options=options,
@@ -222,8 +222,8 @@ def _canvases(config: StackedMNISTConfig, batch: int) -> Tensor:
 
 
 def _nfm_optim(train: StackedMNISTTrain) -> TrainConfig:
-    """How NFM(CNN) trains: on from a CNN where ``finetune_epochs`` is set."""
-    return train.finetune_optim("nfm") if train.finetune_epochs else train.optim
+    """How NFM(CNN) trains: on from a CNN where ``finetune_epochs`` is set, else from scratch."""
+    return train.finetune_optim("nfm") if train.finetune_epochs else train.scratch_optim("nfm")
 
 
 REGISTERED = {
