@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     results = run_all(profile, args.only, precision=args.precision, compile=args.compile)
     results["seconds"] = time.perf_counter() - start
     results["machine"] = _machine()
+    # the instruction set the matrix products run with: a ratio moves with it (chapter 12)
+    results["capability"] = torch.backends.cpu.get_cpu_capability()
     results["recorded"] = datetime.date.today().isoformat()
     variant = "".join(
         ("_bf16" if args.precision == "bfloat16" else "", "_compile" if args.compile else "")

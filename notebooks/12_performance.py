@@ -99,6 +99,8 @@ print(
     torch.get_num_threads(),
     "| torch",
     torch.__version__,
+    "| CPU capability:",
+    torch.backends.cpu.get_cpu_capability(),
 )
 # At cpu, the slowest benchmarks (six compilations, the thread policy's fresh
 # processes, whole training steps, profiled steps) outlast this chapter's budget:
@@ -116,6 +118,8 @@ for file in RECORDED.get(PROFILE, []):
         run = json.loads(path.read_text())
         recorded |= run["results"]
         where = f"{run['machine']}, {run['threads']} threads, torch {run['torch']}"
+        if "capability" in run:
+            where += f", CPU capability {run['capability']}"
         names, when = ", ".join(run["results"]), run["recorded"]
         print(wrap(f"Read from a run of python -m bench on {where}, {when}: {names}."))
 live = [name for name in benchmarks.BENCHMARKS if name not in recorded]
