@@ -251,66 +251,6 @@ for key in ("ni_fused", "ni_vs_transformer"):
 # relative-position bias, so on a CPU its fused step runs torch's math kernel (see above).
 
 # %% [markdown]
-# ## 2e. Threads, and a busy neighbour
-#
-# torch runs its CPU kernels on OpenMP threads. By default a thread that has finished its share
-# waits by *spinning*, about 300,000 iterations, before it sleeps. On a quiet machine that is the
-# fastest way to wait. When another process holds one of two cores, the spinning thread keeps its
-# core while the thread it waits for cannot run. The benchmark times every experiment's training
-# step at 1 and 2 threads, quiet and next to a process that spins on one core, under several
-# spin counts (`GOMP_SPINCOUNT`), each in a fresh process:
-
-# %%
-from modnets.threads import GOMP_SPINCOUNT
-
-r = results["thread_policy"]
-if r["rows"]:
-    spins = list(dict.fromkeys(row["spin"] for row in r["rows"]))
-    default = {
-        row["config"]: row["quiet_2t_ms"]
-        for row in r["rows"]
-        if row["spin"] == spins[0]
-    }
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharex=True)
-    for config in default:
-        rows = [row for row in r["rows"] if row["config"] == config]
-        axes[0].plot(
-            spins, [row["busy_slowdown_2t"] for row in rows], "o-", label=config
-        )
-        axes[1].plot(
-            spins,
-            [row["quiet_2t_ms"] / default[config] for row in rows],
-            "o-",
-            label=config,
-        )
-    axes[0].axhline(2.5, color="tab:red", ls="--", lw=0.8, label="target 2.5x")
-    axes[0].set(ylabel="busy / quiet (2 threads)", xlabel="GOMP_SPINCOUNT")
-    axes[1].set(ylabel="quiet time / default spinning's", xlabel="GOMP_SPINCOUNT")
-    for ax in axes:
-        ax.axvline(spins.index(GOMP_SPINCOUNT), color="k", ls=":", lw=0.8)
-    axes[0].legend(fontsize=8)
-    plt.tight_layout()
-    best = {
-        row["config"]: row["best_quiet_threads"]
-        for row in r["rows"]
-        if row["spin"] == GOMP_SPINCOUNT
-    }
-    print("threads that are fastest on a quiet machine, with the policy:")
-    print(best)
-print(r["note"] or "")
-
-# %% [markdown]
-# What to see: how the penalty next to a busy process (left) and the price on a quiet machine
-# (right) move with the spin count. Threads that sleep sooner are slower to wake. `modnets.threads`
-# takes 1,000, the dotted line, chosen in a `make bench` on two cores. In that run a
-# busy neighbour made a step at most 2.1x slower, against 5.2x with the default spinning, and quiet
-# steps were at most 1.23x slower. The summary at the end of this chapter says whether the run above
-# meets the target. Every core is kept, since two threads beat one on a quiet machine (printed
-# above). `import modnets` sets the variable before torch loads, and the Makefile exports it for the
-# book. The thread count itself is never adapted during training: 1 and 2 threads round
-# differently, and a run must give the same numbers each time.
-
-# %% [markdown]
 # ## 3. NAC against Perceiver IO, and the read-in's memory
 
 # %%
@@ -451,6 +391,75 @@ else:
 # NI eq. 7 as written (`fused=None` does under compilation). The memory saved is small at 67
 # tokens: the weights are then no larger than the queries, and the memory-efficient kernel keeps
 # its own padded copy of the learned relative-position bias, as large as the weights.
+
+# %% [markdown]
+# ## Tuning the experiments to this machine
+#
+# The sections above are about the architectures; the rest of the chapter is about running
+# them on a small machine: how the CPU's threads wait when another process is busy (2e), which
+# training steps are worth compiling and how the experiments' seed workers share two cores
+# (9, 10). They tune this book's runs rather than teach the models; the engineering notes keep
+# their history.
+
+# %% [markdown]
+# ## 2e. Threads, and a busy neighbour
+#
+# torch runs its CPU kernels on OpenMP threads. By default a thread that has finished its share
+# waits by *spinning*, about 300,000 iterations, before it sleeps. On a quiet machine that is the
+# fastest way to wait. When another process holds one of two cores, the spinning thread keeps its
+# core while the thread it waits for cannot run. The benchmark times every experiment's training
+# step at 1 and 2 threads, quiet and next to a process that spins on one core, under several
+# spin counts (`GOMP_SPINCOUNT`), each in a fresh process:
+
+# %%
+from modnets.threads import GOMP_SPINCOUNT
+
+r = results["thread_policy"]
+if r["rows"]:
+    spins = list(dict.fromkeys(row["spin"] for row in r["rows"]))
+    default = {
+        row["config"]: row["quiet_2t_ms"]
+        for row in r["rows"]
+        if row["spin"] == spins[0]
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharex=True)
+    for config in default:
+        rows = [row for row in r["rows"] if row["config"] == config]
+        axes[0].plot(
+            spins, [row["busy_slowdown_2t"] for row in rows], "o-", label=config
+        )
+        axes[1].plot(
+            spins,
+            [row["quiet_2t_ms"] / default[config] for row in rows],
+            "o-",
+            label=config,
+        )
+    axes[0].axhline(2.5, color="tab:red", ls="--", lw=0.8, label="target 2.5x")
+    axes[0].set(ylabel="busy / quiet (2 threads)", xlabel="GOMP_SPINCOUNT")
+    axes[1].set(ylabel="quiet time / default spinning's", xlabel="GOMP_SPINCOUNT")
+    for ax in axes:
+        ax.axvline(spins.index(GOMP_SPINCOUNT), color="k", ls=":", lw=0.8)
+    axes[0].legend(fontsize=8)
+    plt.tight_layout()
+    best = {
+        row["config"]: row["best_quiet_threads"]
+        for row in r["rows"]
+        if row["spin"] == GOMP_SPINCOUNT
+    }
+    print("threads that are fastest on a quiet machine, with the policy:")
+    print(best)
+print(r["note"] or "")
+
+# %% [markdown]
+# What to see: how the penalty next to a busy process (left) and the price on a quiet machine
+# (right) move with the spin count. Threads that sleep sooner are slower to wake. `modnets.threads`
+# takes 1,000, the dotted line, chosen in a `make bench` on two cores. In that run a
+# busy neighbour made a step at most 2.1x slower, against 5.2x with the default spinning, and quiet
+# steps were at most 1.23x slower. The summary at the end of this chapter says whether the run above
+# meets the target. Every core is kept, since two threads beat one on a quiet machine (printed
+# above). `import modnets` sets the variable before torch loads, and the Makefile exports it for the
+# book. The thread count itself is never adapted during training: 1 and 2 threads round
+# differently, and a run must give the same numbers each time.
 
 # %% [markdown]
 # ## 9. The experiments' training steps, as they run
