@@ -157,9 +157,9 @@ print("tokens:", tuple(tokens.shape))
 # The NAC is the one chapters 7-9 built, with the public code's kernel: truncated at a cosine
 # distance of 0.9, a learnable bandwidth, and the straight-through gradient chapter 7 measured to
 # meet the prior better. At `cpu` its signatures and bandwidth learn at 1e-2 (the rest at 1e-3):
-# a few hundred steps (4 epochs of 156 at 20 classes) instead of the paper's ~39,000 (Table 4: batch 1,024, 400 epochs of 100,000
-# images) leave the wiring no time to move at the common rate (mean $P$ 0.15 → 0.135 in three
-# epochs, against 0.036 at 1e-2). Also at `cpu`, every processor
+# 1,248 steps (8 epochs of 156 at 20 classes) instead of the paper's ~39,000 (Table 4:
+# batch 1,024, 400 epochs of 100,000 images) leave the wiring no time to move at the common rate
+# (mean $P$ 0.15 → 0.135 in three epochs, against 0.036 at 1e-2). Also at `cpu`, every processor
 # module reads the input (no separate read-in modules, chapter 9): with 16 read-in modules, a
 # two-layer NAC trained for 3 epochs routed around its mediators (dropping 80 % of them cost at most 0.3
 # points in any order), which would leave nothing to test. `gpu` keeps the public code's 64
@@ -204,7 +204,7 @@ plt.tight_layout()
 #
 # The paper's numbers are 200 classes after 400 epochs at Table 4's sizes; ours are the active
 # profile's (for `cpu`: 20 classes, width 64 and 2 layers instead of 384 and 8, 64 processor
-# modules, 4 epochs, 4 seeds), so only the *comparison between the two models* is meaningful, not
+# modules, 8 epochs), so only the *comparison between the two models* is meaningful, not
 # the absolute level. Ours: mean ± sd over seeds.
 
 # %%
@@ -494,8 +494,8 @@ display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 # :class: dropdown
 #
 # * **Scale.** The `cpu` profile (its cold time on two cores: book/setup.md) trains on
-#   20 classes, 4 epochs, a sixth of Table 4's
-#   width, a quarter of its depth and a fifth of its modules, four seeds. Absolute accuracies are
+#   20 classes, 8 epochs, a sixth of Table 4's width, a quarter of its depth and a fifth of its
+#   modules, on the evidence run's seeds (chapter 13). Absolute accuracies are
 #   not comparable with Table 1; the comparisons between models and across drop levels are the
 #   point, and the seeds say how much of a difference is noise.
 # * **Speed-up.** The paper measures on an A100 with 320 modules; with 64 modules on a CPU, the
