@@ -3,7 +3,8 @@
 For each experiment: a pilot on its pilot seeds, the number of claim seeds from the pilot's
 spread by power, then the claim seeds and a disjoint replication set, one committed record per
 seed (:mod:`modnets.experiments.core.evidence`). It resumes where it stopped: a seed with a
-record is not run again. Hours at ``cpu``; apart from ``make book``, which reads the records.
+record is not run again, and a training that was stopped (Ctrl-C) goes on from its last saved
+step, bit for bit. Hours at ``cpu``; apart from ``make book``, which reads the records.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         help="make stale records stand: stamped if a witness seed measures as before, else measured again",
     )
     args = parser.parse_args(argv)
-    options = RunOptions(workers=args.workers)
+    # an evidence run's trainings are hours long: a stopped one goes on where it was saved
+    options = RunOptions(workers=args.workers, resume=True)
     for name in args.experiments:
         experiment = get(name)
         try:
@@ -86,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             record = evidence.evidence(experiment, args.profile, options, root=args.records)
         except KeyboardInterrupt:
             sys.exit(
-                f"\nstopped: the seeds recorded so far are kept; run the same command to go on "
-                f"({evidence.record_folder(name, args.profile, args.records)})"
+                "\nstopped: the seeds recorded so far and the trainings' saved steps are kept; run "
+                f"the same command to go on ({evidence.record_folder(name, args.profile, args.records)})"
             )
         others = evidence_report.paper_records(experiment, args.profile, args.records)
         print(format_record(record, others), flush=True)

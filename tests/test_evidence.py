@@ -145,6 +145,36 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert bare.sentence().startswith("No complete evidence record")
 
 
+def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_path, monkeypatch):
+    """Where an experiment declares ``train_seeds``, the evidence run hands it every seed of a
+    set still to measure (in the run's own checkpoints, with the workers resolved) before it
+    measures them one by one; with one worker, or one seed left, it measures at once."""
+    from modnets.training import checkpoint_dir
+
+    calls, measured = [], []
+
+    def train_seeds(config, options):
+        calls.append((config.seeds, options.workers, checkpoint_dir().name))
+
+    def measure_seed(experiment, profile, seed, options):
+        measured.append(seed)
+        return {"seed": seed}
+
+    monkeypatch.setattr(evidence, "measure_seed", measure_seed)
+    toy = dataclasses.replace(get("fuzzy_boolean"), train_seeds=train_seeds)
+    two = dataclasses.replace(QUIET, workers=2)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
+    assert calls == [((5, 6, 7), 2, "evidence")] and measured == [5, 6, 7]
+    evidence.seed_path(folder, 6).unlink()
+    evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
+    evidence.seed_path(folder, 6).unlink()
+    evidence.seed_path(folder, 7).unlink()
+    evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=QUIET, desc="claim")
+    assert len(calls) == 1 and measured == [5, 6, 7, 6, 6, 7]
+
+
 def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds():
     """n is the largest number of seeds a paper claim needs at the pilot's spread, at least
     MIN_SEEDS, at most CAP; a claim needing more is recorded as such, not counted."""

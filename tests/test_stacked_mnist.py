@@ -253,6 +253,20 @@ def test_run_trains_in_workers_checkpoints_reloads_and_saves(env):
     json.dumps(sm.PAPER)
 
 
+def test_train_seeds_trains_every_model_the_run_then_loads(env):
+    """An evidence run's whole seed set trained side by side (two workers, NFM(CNN)s first):
+    every model of every seed is in its checkpoint, and the run that measures them trains
+    nothing."""
+    from modnets.experiments.core.options import RunOptions
+
+    sm.train_seeds(TINY, RunOptions(show_progress=False, verify=False, workers=2))
+    written = {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")}
+    assert len(written) == 4 and not any(p.name.endswith(".train.pt") for p in written)
+    out = sm.run(TINY, profile="smoke", show_progress=False, verify=False, workers=1)
+    assert {p: p.stat().st_mtime_ns for p in (env / "ckpt").glob("*.pt")} == written
+    assert [r["seed"] for r in out["models"]["NFM(CNN)"]["per_seed"]] == [0, 1]
+
+
 def test_interrupted_training_resumes_bit_for_bit(env, tmp_path):
     """Ctrl-C mid-epoch saves the state; --resume ends where an uninterrupted run ends, best
     epoch included (the batches of one count, in an order drawn by the resumable loop)."""

@@ -359,6 +359,12 @@ def write_seed(path: Path, record: dict) -> None:
 def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
     todo = [s for s in seeds if not seed_path(folder, s).exists()]
+    workers = harness.workers_for(options.workers, profile, options.device)
+    if experiment.train_seeds is not None and len(todo) > 1 and workers > 1:
+        # the whole set's models side by side first, each seed then measured from them alone
+        with _own_checkpoints():
+            config = configured(experiment, profile, todo)
+            experiment.train_seeds(config, dataclasses.replace(options, workers=workers))
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
     for seed in todo:
         write_seed(

@@ -103,6 +103,7 @@ OPTIONAL_PARTS = {
     "DATA_FOLDERS": "data_folders",
     "ZERO_GRAD_AT_INIT": "zero_grad_at_init",
     "GPU_COMMAND": "gpu_command",
+    "train_seeds": "train_seeds",
 }
 
 
@@ -118,7 +119,10 @@ class Experiment:
     ``data_folders``: the folders below the data root it reads (none: it makes its own data).
     ``zero_grad_at_init``: parameter-name substrings that get no gradient at initialisation,
     with the reason. ``gpu_command``: the command that runs it at the papers' scale, where it is
-    not the plain one."""
+    not the plain one. ``train_seeds(config, options)``: trains the models of all of
+    ``config``'s seeds into the checkpoints ``measure`` loads, side by side in
+    ``options.workers`` processes (an evidence run calls it with a whole seed set, then measures
+    seed by seed); for an experiment whose seeds train best beside each other's."""
 
     name: str
     title: str
@@ -137,6 +141,7 @@ class Experiment:
     data_folders: tuple[str, ...] = ()
     zero_grad_at_init: Mapping[str, str] = field(default_factory=dict)
     gpu_command: str = ""
+    train_seeds: Callable[[Any, RunOptions], None] | None = None
 
     def __post_init__(self):
         missing = [p for p in ("smoke", "cpu", "gpu") if p not in self.configs]

@@ -64,7 +64,7 @@ from modnets.experiments.stacked_mnist.models import (
     trained_model,
 )
 from modnets.experiments.stacked_mnist.rules import RULES
-from modnets.experiments.stacked_mnist.run import dry_run, measure, summarise
+from modnets.experiments.stacked_mnist.run import dry_run, measure, summarise, train_seeds
 
 __all__ = [
     "CHAPTER",
@@ -106,6 +106,7 @@ __all__ = [
     "run",
     "traced_reads",
     "train",
+    "train_seeds",
     "trained_model",
     "training_data",
 ]

@@ -57,6 +57,29 @@ def _tasks(config: StackedMNISTConfig) -> list[list[tuple]]:
     return [[(seed, pool, "pretrain") for seed, pool in heads], models]
 
 
+def train_seeds(config: StackedMNISTConfig, options: RunOptions, data: dict | None = None) -> None:
+    """Train (into checkpoints) the models of every seed of ``config`` side by side in
+    ``options.workers`` processes, NFM(CNN)s first (each costs several CNNs); what is left over
+    (fewer models of a kind than workers) :func:`measure` trains with every thread. An evidence
+    run calls it with all the seeds of a set at once: an NFM(CNN) beside another seed's, never
+    beside a CNN that would leave a core idle most of the time."""
+    workers = options.workers or 1
+    if data is None and options.cache and workers > 1 and config.train.finetune_epochs:
+        data = training_data(config.train, options.root, options.verify)
+    train = functools.partial(_train_task, config, options)
+    rounds = _tasks(config)
+    with parallel.keep_workers():  # started once for all the rounds
+        for i, tasks in enumerate(rounds):
+            for kind in dict.fromkeys(t[2] for t in tasks):
+                same = [t for t in tasks if t[2] == kind]
+                harness.train_ahead(train, same, options, "models", whole_rounds=True)
+                # the next round goes on from these: the leftover (a lone pretraining) here
+                if options.cache and workers > 1 and i < len(rounds) - 1:
+                    for seed, pool, _ in same[len(same) - len(same) % workers :]:
+                        head = replace(config, train=replace(config.train, pool=pool))
+                        pretrained_cnn(head, seed, data, options)
+
+
 def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     """Train (or load) both models at every seed and test them on every digit count.
 
@@ -67,25 +90,12 @@ def measure(config: StackedMNISTConfig, options: RunOptions) -> Measurement:
     ``gamma`` and the out-of-distribution dips of both models.
     The models train in ``options.workers`` processes.
     """
-    workers, root, verify = options.workers or 1, options.root, options.verify
+    root, verify = options.root, options.verify
     data = training_data(config.train, root, verify)
     held = held_out(config)
     models = {name: {"per_seed": []} for name in MODEL_NAMES.values()}
     diag_per_seed = []
-    train = functools.partial(_train_task, config, options)
-    rounds = _tasks(config)
-    with parallel.keep_workers():  # started once for all the rounds
-        for i, tasks in enumerate(rounds):
-            # a worker only beside a model of its own kind: an NFM beside a CNN would leave one
-            # core idle most of the round; the rest train here, with every thread
-            for kind in dict.fromkeys(t[2] for t in tasks):
-                same = [t for t in tasks if t[2] == kind]
-                harness.train_ahead(train, same, options, "models", whole_rounds=True)
-                # the next round goes on from these: the leftover (a lone pretraining) here
-                if options.cache and workers > 1 and i < len(rounds) - 1:
-                    for seed, pool, _ in same[len(same) - len(same) % workers :]:
-                        head = replace(config, train=replace(config.train, pool=pool))
-                        pretrained_cnn(head, seed, data, options)
+    train_seeds(config, options, data)
     for seed in config.seeds:
         tests = load_test_canvases(config, root, verify, seed)
         diag = {"seed": seed, "ood_dip": {}}
