@@ -452,7 +452,7 @@ _ = diagrams.draw("evidence_protocol")
 # outputs are right.
 #
 # **The training protocol.** Both models train from scratch, as App. C does: for 300 epochs at
-# `gpu`, for 10 epochs over 20,000 canvases per training count at `cpu`, where both run compiled
+# `gpu`, for 5 epochs over 20,000 canvases per training count at `cpu`, where both run compiled
 # (NFM's reads are many small element-wise operations, which compilation fuses). The `smoke`
 # profile, which only proves that the code runs, takes a cheaper protocol the library also
 # offers (`finetune_epochs`): the CNN first, then both models on from it with NFM added at
@@ -588,7 +588,7 @@ plt.tight_layout()
 #
 # The paper's numbers are after 300 epochs at full width; ours are the active profile's (for
 # `cpu`: a quarter of the width, 20,000 canvases per training count (App. C gives no count; the
-# `gpu` profile's 30,000 is our choice) and 10 epochs), as mean ± sd over seeds, so compare the
+# `gpu` profile's 30,000 is our choice) and 5 epochs), as mean ± sd over seeds, so compare the
 # *shape* across digit counts and the gap between the two models, not the absolute level.
 
 # %%
@@ -826,7 +826,7 @@ display(Markdown(budget.table(budget.estimate(sm.NAME), markdown=True)))
 # :::{admonition} Implementation notes: what differs from the paper, and why
 # :class: dropdown
 #
-# * **Scale.** The `cpu` profile trains both models from scratch for 10 epochs over 40,000
+# * **Scale.** The `cpu` profile trains both models from scratch for 5 epochs over 40,000
 #   canvases (20,000 per training count) at a quarter of App. C's width (8 -> 128 channels); the
 #   paper trains 300 epochs at full width. On the selection seed the CNN reached the regime
 #   Table 5's claims presuppose (90 % of the paper's CNN on the trained counts): the engineering
