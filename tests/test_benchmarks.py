@@ -159,9 +159,12 @@ def test_ni_memory_reports_what_autograd_keeps_on_each_path():
         with use_fused_attn(fused):
             expected.append(b.saved_bytes(lambda: model(x), exclude=[x, *model.parameters()]))
     got = [row["saved_MiB"] * 2**20 for row in res["rows"]]
-    assert got == pytest.approx(expected, rel=1e-9)
+    assert got[:2] == pytest.approx(expected, rel=1e-9)
     assert expected[0] != expected[1]
     assert res["ratio"] == got[0] / got[1]
+    # fused=None keeps what one of the two keeps, the one it measured faster (the check can
+    # fail: a third amount, e.g. the measurement's own tensors counted, misses both)
+    assert res["met"] and any(got[2] == pytest.approx(e, rel=1e-9) for e in expected)
 
 
 def test_times_interleave_the_sides_and_keep_each_sides_fastest_round(monkeypatch):
@@ -395,3 +398,19 @@ def test_gemm_time_counts_the_matrix_products_and_nothing_else():
     assert total == 0.0 and per_op == {}
     _, per_op = gemm.gemm_time(lambda: conv(torch.randn(1, 1, 8, 8)).sum().backward(), steps=2)
     assert set(per_op) == {"convolution", "convolution_backward"}
+
+
+def test_operator_classes_put_a_step_s_time_where_its_operators_run():
+    """A step of one large matrix product spends its time in the matrix-products class; one of
+    element-wise operations in the element-wise class; names are classified in-place forms too
+    (the check can fail: an unclassified operator lands in "other")."""
+    from modnets.benchmarks.profiling import classify, operator_classes
+
+    a, b_ = torch.randn(256, 256), torch.randn(256, 256)
+    gemm = operator_classes(lambda: a @ b_)
+    assert gemm["matrix products"] > 0.8 * sum(gemm.values())
+    ew = operator_classes(lambda: (a * b_ + a).relu())
+    assert ew["element-wise"] > 0.8 * sum(ew.values())
+    assert classify("aten::mul_") == "element-wise" and classify("aten::bmm") == "matrix products"
+    assert classify("aten::native_layer_norm") == "reductions and norms"
+    assert classify("aten::some_new_op") == "other"

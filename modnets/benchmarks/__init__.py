@@ -48,7 +48,12 @@ from modnets.benchmarks.ni import (
     under,
 )
 from modnets.benchmarks.steps import bench_seed_workers, bench_thread_policy, bench_train_steps
-from modnets.benchmarks.suite import BENCHMARKS, VARIANT_BENCHMARKS, run_all
+from modnets.benchmarks.suite import (
+    BENCHMARKS,
+    VARIANT_BENCHMARKS,
+    benchmark_fingerprint,
+    run_all,
+)
 from modnets.timing import median_time, saved_bytes
 
 __all__ = [
@@ -90,5 +95,6 @@ __all__ = [
     "bench_seed_workers",
     "BENCHMARKS",
     "VARIANT_BENCHMARKS",
+    "benchmark_fingerprint",
     "run_all",
 ]

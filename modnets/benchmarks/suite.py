@@ -22,6 +22,7 @@ from modnets.benchmarks.ni import (
     bench_modattn_tokens,
     bench_ni_fused,
     bench_ni_memory,
+    bench_ni_profile,
     bench_ni_vs_transformer,
 )
 from modnets.benchmarks.steps import (
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "ni_fused": bench_ni_fused,
     "ni_vs_transformer": bench_ni_vs_transformer,
     "ni_memory": bench_ni_memory,
+    "ni_profile": bench_ni_profile,
     "thread_policy": bench_thread_policy,
     "nac_vs_pio": bench_nac_vs_pio,
     "read_in_memory": bench_read_in_memory,
@@ -61,6 +63,19 @@ VARIANT_BENCHMARKS = (
     "nac_vs_pio",
     "flop_utilisation",
 )
+
+
+def benchmark_fingerprint(name: str) -> str:
+    """A hash of the code benchmark ``name`` times: its module with every ``modnets`` module that
+    imports, transitively (:func:`~modnets.experiments.core.fingerprints.code_fingerprint`); for
+    a benchmark defined outside ``modnets``, its function and the helpers it names. A recorded
+    row whose fingerprint differs was timed on other code: it is recorded again."""
+    from modnets.experiments.core.fingerprints import code_fingerprint
+
+    if name not in BENCHMARKS:
+        raise ValueError(f"name must be one of {list(BENCHMARKS)}, got {name!r}")
+    fn = BENCHMARKS[name]
+    return code_fingerprint(fn.__module__ if fn.__module__.startswith("modnets.") else fn)
 
 
 def run_all(
@@ -108,6 +123,7 @@ def run_all(
         t0 = time.perf_counter()
         res = BENCHMARKS[name](cfg, device)
         res["seconds"] = time.perf_counter() - t0
+        res["code_fingerprint"] = benchmark_fingerprint(name)
         out["results"][name] = res
         if show is not None:
             show(format_result(res))

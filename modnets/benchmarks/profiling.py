@@ -1,0 +1,150 @@
+"""Where a step's time goes, by operator class: matrix products, fused attention, element-wise
+work, reductions and norms, copies and layout changes, and the rest. How a ratio between two
+models moves with the machine's matrix-product rate follows from it: a faster GEMM shrinks the
+first class and leaves the others, so the model with more time outside GEMMs falls behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = ["OPERATOR_CLASSES", "classify", "operator_classes"]
+
+#: Each class and the ATen operators (without ``aten::``) it holds; an operator in none is
+#: "other". In-place forms (``mul_``) count with their operator.
+OPERATOR_CLASSES = {
+    "matrix products": (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "dot",
+        "mv",
+        "addmv",
+        "linear",
+        "matmul",
+        "mkldnn_convolution",
+        "convolution_backward",
+        "_convolution",
+        "mkldnn_linear",
+    ),
+    "fused attention": (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_backward",
+    ),
+    "element-wise": (
+        "mul",
+        "add",
+        "sub",
+        "div",
+        "rsub",
+        "neg",
+        "reciprocal",
+        "pow",
+        "sqrt",
+        "rsqrt",
+        "exp",
+        "log",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "gelu",
+        "silu",
+        "threshold_backward",
+        "gelu_backward",
+        "silu_backward",
+        "sigmoid_backward",
+        "tanh_backward",
+        "where",
+        "clamp",
+        "clamp_min",
+        "maximum",
+        "minimum",
+        "addcmul",
+        "addcdiv",
+        "lerp",
+        "fill",
+        "zero",
+        "masked_fill",
+        "eq",
+        "ne",
+        "gt",
+        "lt",
+        "ge",
+        "le",
+        "abs",
+        "sign",
+    ),
+    "reductions and norms": (
+        "sum",
+        "mean",
+        "var",
+        "std",
+        "amax",
+        "max",
+        "min",
+        "norm",
+        "_softmax",
+        "_softmax_backward_data",
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "native_layer_norm",
+        "native_layer_norm_backward",
+        "topk",
+        "cumsum",
+        "_foreach_norm",
+    ),
+    "copies and layout": (
+        "copy",
+        "_to_copy",
+        "clone",
+        "contiguous",
+        "cat",
+        "stack",
+        "index",
+        "index_select",
+        "index_put",
+        "gather",
+        "scatter",
+        "scatter_add",
+        "repeat",
+        "empty",
+        "empty_strided",
+        "zeros",
+        "ones",
+        "new_zeros",
+        "new_empty",
+        "new_empty_strided",
+    ),
+}
+
+_CLASS_OF = {op: cls for cls, ops in OPERATOR_CLASSES.items() for op in ops}
+
+
+def classify(name: str) -> str:
+    """The class of a profiled operator name (``"aten::mul_"`` -> ``"element-wise"``)."""
+    op = name.removeprefix("aten::")
+    return _CLASS_OF.get(op, _CLASS_OF.get(op.rstrip("_"), "other"))
+
+
+def operator_classes(fn: Callable[[], object], repeats: int = 3) -> dict[str, float]:
+    """Milliseconds per call of ``fn`` by operator class (:data:`OPERATOR_CLASSES`): each ATen
+    operator's own time (self CPU time, so nothing is counted twice), summed over its class,
+    after one warm-up call. The profiler adds a fixed cost per operator call, so a model made of
+    many small operators shows more of its time outside the matrix products than it spends there
+    unprofiled: compare the classes of two models profiled alike, not the totals with a timing."""
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fn()
+    out = dict.fromkeys([*OPERATOR_CLASSES, "other"], 0.0)
+    for event in prof.key_averages():
+        if event.key.startswith("aten::"):
+            out[classify(event.key)] += event.self_cpu_time_total / 1e3 / repeats
+    return out
