@@ -76,7 +76,7 @@ print("profile:", PROFILE)
 # %% tags=["hide-input"]
 from modnets import diagrams
 
-_ = diagrams.draw("evidence_protocol")
+_ = diagrams.draw("evidence_protocol", experiment="fuzzy_boolean", profile=PROFILE)
 
 # %% tags=["hide-cell"]
 show(config)  # the whole configuration (collapsed in the book)

@@ -85,7 +85,7 @@ print(
 # %% tags=["hide-input"]
 from modnets import diagrams
 
-_ = diagrams.draw("evidence_protocol")
+_ = diagrams.draw("evidence_protocol", experiment="digits", profile=PROFILE)
 
 # %% [markdown]
 # ## The data

@@ -87,7 +87,7 @@ print("profile:", PROFILE, "| seeds:", config.seeds, "| priors:", config.priors)
 # %% tags=["hide-input"]
 from modnets import diagrams
 
-_ = diagrams.draw("evidence_protocol")
+_ = diagrams.draw("evidence_protocol", experiment="tiny_imagenet", profile=PROFILE)
 
 # %% tags=["hide-cell"]
 show(config.train)  # the whole configuration (collapsed in the book)

@@ -170,6 +170,16 @@ with torch.no_grad():
 # %% [markdown]
 # ## The protocol
 #
+# How this chapter's questions are decided (chapter 4b): settings chosen on selection seeds, a
+# pilot sets the number of seeds, and two disjoint seed sets must agree (the evidence records,
+# chapter 13).
+
+# %% tags=["hide-input"]
+from modnets import diagrams
+
+_ = diagrams.draw("evidence_protocol", experiment="side_by_side", profile=PROFILE)
+
+# %% [markdown]
 # For every model, each learning rate of `config.train.lrs` is tried on the selection seeds and
 # the one with the best validation accuracy (canvases from MNIST images held out of training)
 # is kept; then every model trains from each claim seed at its rate. At `cpu` that selection is

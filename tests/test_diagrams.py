@@ -86,3 +86,30 @@ def test_nfm_passes_start_from_the_input_and_meet_only_through_the_memory():
     first = [(a, b) for a, b in arrows if a[0] < 1.3 and b[0] == pytest.approx(1.3)]
     assert sorted(round(b[1] - 0.35, 3) for _, b in first) == sorted(rows)  # x into every pass
     plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "name", ["fuzzy_boolean", "tiny_imagenet", "stacked_mnist", "side_by_side"]
+)
+def test_each_experiment_chapter_draws_its_own_protocol(name):
+    """An experiment's protocol names its own selection seeds and, where its evidence record has
+    a plan, the plan's n and seeds (the check can fail: the generic drawing names neither)."""
+    from modnets.exercises import NOTEBOOKS
+    from modnets.experiments.core import evidence
+    from modnets.experiments.core.discovery import get
+    from modnets.profiles import select
+
+    experiment = get(name)
+    chapter = (NOTEBOOKS / f"{experiment.chapter}.py").read_text()
+    assert f'diagrams.draw("evidence_protocol", experiment="{name}"' in chapter
+    fig = diagrams.draw("evidence_protocol", experiment=name, profile="cpu")
+    text = " ".join(t.get_text() for t in fig.axes[0].texts).replace("\n", " ")
+    selection = select(experiment.configs, "cpu").selection_seeds
+    assert all(str(s) in text for s in selection)
+    try:
+        plan = evidence.load_record(experiment, "cpu").plan
+    except FileNotFoundError:
+        assert "$n$ seeds" in text
+    else:
+        assert f"$n$ = {plan.n}" in text and str(plan.seeds["replication"][0]) in text
+    plt.close(fig)
