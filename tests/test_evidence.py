@@ -254,6 +254,15 @@ def test_a_claim_is_decided_only_where_both_seed_sets_agree():
     )
     (e,) = evidence.agreements([_record({cid: up}, needed={cid: None})], "NI")
     assert e.decided == "undecided" and e.note.startswith("the pilot gave no number")
+    # not testable on both sets (its mechanism unused, say): more seeds would not change that
+    from modnets.experiments.core.claims import untestable
+
+    record = _record({cid: up}, needed={cid: 40})
+    for name in evidence.SETS:
+        unused = untestable(cid, "the types unused", rules=get("fuzzy_boolean").rules)
+        record.results[name]["claims"] = [unused.as_dict()]
+    (g,) = evidence.agreements([record], "NI")
+    assert g.decided == "not testable here" and not g.note
     assert not a.smaller  # 0.06 against the paper's 0.0655: consistent
     small = [0.01, 0.012, 0.011, 0.013]
     sentence = evidence_report.evidence_sentence({"fuzzy_boolean": _record({cid: up}, {cid: down})})

@@ -421,7 +421,9 @@ def agreements(records: Sequence[Record], family: str) -> list[Agreement]:
         verdicts = {s: by_set[s][cid].verdict_holm for s in SETS}
         same = len(set(verdicts.values())) == 1
         note = ""
-        if cid in needed and needed[cid] is None:
+        if same and verdicts["claim"] == "not testable here":
+            pass  # untestable on both sets: more seeds would not make it testable
+        elif cid in needed and needed[cid] is None:
             note = "the pilot gave no number of seeds (no spread, or its effect on the other side)"
         elif cid in needed and needed[cid] > caps[cid]:
             note = f"needs {needed[cid]} seeds at the pilot's spread, more than {caps[cid]}"
