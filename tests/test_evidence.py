@@ -231,7 +231,7 @@ def _record(values: dict[str, list[float]], replication: dict | None = None, nee
     results = {
         k: {
             "claims": [decide_rule(i, v, rules=rules).as_dict() for i, v in c.items()],
-            "provenance": {"cpu": ["a made-up CPU"], "torch": ["2.13.0"]},
+            "provenance": {"cpu": ["a made-up CPU"], "torch": ["2.13.0"], "wall_seconds": 900.0},
         }
         for k, c in sets.items()
     }
@@ -333,6 +333,7 @@ def test_chapter_13_shows_a_seed_outside_its_record_in_words_the_audit_fails_on(
     assert any(p.startswith("record_mismatch") for p in book_audit.audit_page(page))
     status = report.evidence_status(records, "cpu")
     assert "`digits`: no evidence record yet" in status and "4 seeds a set" in status
+    assert "the two sets in 0.5 h of machine time" in status  # 2 x 900 s
     assert list(report.evidence_frame(records)["decided"]) == ["reproduced"]
     sentence = report.evidence_sentence(records)
     assert sentence.startswith("**Neural Interpreters** (`fuzzy_boolean`: 4 seeds a set).")

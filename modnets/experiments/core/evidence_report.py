@@ -216,11 +216,10 @@ def evidence_status(records: dict, profile: str) -> str:
         where = ""
         if record.complete:
             prov = record.results["claim"]["provenance"]
-            hours = sum(r["provenance"]["wall_seconds"] for r in record.results.values()) / 3600
-            where = (
-                f"; recorded on {', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}, "
-                f"the two sets in {hours:.1f} h of machine time"
-            )
+            where = f"; recorded on {', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}"
+            seconds = [r["provenance"].get("wall_seconds") for r in record.results.values()]
+            if None not in seconds:
+                where += f", the two sets in {sum(seconds) / 3600:.1f} h of machine time"
         lines.append(
             f"* `{name}`: {plan.n} seeds a set (the most a paper claim needs at the spread of "
             f"the pilot seeds {plan.pilot_seeds}, within {MIN_SEEDS}..{plan.cap}; plan of "
