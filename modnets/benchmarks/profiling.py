@@ -5,6 +5,9 @@ first class and leaves the others, so the model with more time outside GEMMs fal
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections.abc import Callable
 
 from torch.profiler import ProfilerActivity, profile
@@ -133,6 +136,22 @@ def classify(name: str) -> str:
     return _CLASS_OF.get(op, _CLASS_OF.get(op.rstrip("_"), "other"))
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The profiler's C++ side writes a line to the process's stderr at every start and stop
+    (where a notebook shows it in the cell's output): stderr goes to the null device meanwhile.
+    Python exceptions still propagate."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def operator_classes(fn: Callable[[], object], repeats: int = 3) -> dict[str, float]:
     """Milliseconds per call of ``fn`` by operator class (:data:`OPERATOR_CLASSES`): each ATen
     operator's own time (self CPU time, so nothing is counted twice), summed over its class,
@@ -140,7 +159,7 @@ def operator_classes(fn: Callable[[], object], repeats: int = 3) -> dict[str, fl
     many small operators shows more of its time outside the matrix products than it spends there
     unprofiled: compare the classes of two models profiled alike, not the totals with a timing."""
     fn()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
             fn()
     out = dict.fromkeys([*OPERATOR_CLASSES, "other"], 0.0)
