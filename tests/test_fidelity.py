@@ -608,3 +608,19 @@ def test_cls_tokens_are_drawn_at_the_standard_deviation_asked_for():
     with pytest.raises(TypeError, match="qk_bias"):
         NIConfig(qk_bias=0)
     assert NeuralInterpreter(NIConfig(cls_std=1.0)).cls.tokens.std() > 0.5
+
+
+def test_the_page_shows_the_committed_fidelity_record():
+    """book/fidelity.md's measured tables are what modnets.experiments.fidelity.tables makes of
+    the committed record: the page cannot keep numbers the record no longer holds."""
+    import json
+    from pathlib import Path
+
+    from modnets.experiments.fidelity import tables
+
+    root = Path(__file__).parents[1]
+    record = json.loads((root / "bench/recorded/fidelity_tiny_imagenet_cpu.json").read_text())
+    page = (root / "book/fidelity.md").read_text()
+    block = page.split("<!-- the record's tables")[1].split("<!-- end of the record's tables")[0]
+    shown = [line for line in block.splitlines() if line.startswith("|")]
+    assert shown == [line for line in tables(record).splitlines() if line.startswith("|")]

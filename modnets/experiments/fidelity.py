@@ -170,6 +170,51 @@ def compare(
     return out
 
 
+def _ci(d: dict, scale: float, digits: int) -> str:
+    return f"{scale * d['mean']:+.{digits}f} [{scale * d['low']:+.{digits}f}, {scale * d['high']:+.{digits}f}]"
+
+
+#: The record's quantities as the page shows them: label, scale, decimals.
+SHOWN = {
+    "top1": ("top-1 (%)", 100, 1),
+    "lost_at80": ("top-1 lost at 80 % dropped (points)", 100, 2),
+    "mean_offdiagonal_P": ("mean off-diagonal $P$", 1, 4),
+}
+
+
+def tables(result: dict) -> str:
+    """The record of :func:`compare` as book/fidelity.md shows it (a test keeps the page equal
+    to the committed record): per variant, the mean over seeds of each quantity and its paired
+    difference from the default, each with its 95 % t-interval, and its top-1 minus Perceiver
+    IO's where the record has Perceiver IO; then the drop curves."""
+    variants = result["variants"]
+    pio = result.get("minus_pio")
+    head = ["variant", *(SHOWN[k][0] for k in KEYS)]
+    head += [f"{SHOWN[k][0].split(' (')[0]}: − default (95 % CI)" for k in KEYS]
+    if pio:
+        head.append("top-1 − Perceiver IO (points, 95 % CI)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, v in variants.items():
+        rows = v["per_seed"]
+        cells = [name]
+        cells += [
+            f"{SHOWN[k][1] * statistics.fmean(r[k] for r in rows):.{SHOWN[k][2]}f}" for k in KEYS
+        ]
+        diffs = result["minus_default"].get(name)
+        cells += [_ci(diffs[k], SHOWN[k][1], SHOWN[k][2]) if diffs else "—" for k in KEYS]
+        if pio:
+            cells.append(_ci(pio[name], 100, 1))
+        lines.append("| " + " | ".join(cells) + " |")
+    fractions = [p["fraction"] for p in next(iter(variants.values()))["per_seed"][0]["drop_curve"]]
+    lines += ["", "| dropped | " + " | ".join(f"{100 * f:.0f} %" for f in fractions) + " |"]
+    lines.append("|" + "---|" * (len(fractions) + 1))
+    for name, v in variants.items():
+        curves = [[p["top1"] for p in r["drop_curve"]] for r in v["per_seed"]]
+        means = [100 * statistics.fmean(c[i] for c in curves) for i in range(len(fractions))]
+        lines.append(f"| {name} | " + " | ".join(f"{m:.1f}" for m in means) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = record_arguments(__doc__, argv)
     profile = get_profile(args.profile)
@@ -185,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{variant} - {DEFAULT}, {key}: {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
             )
-    print(f"results: {path}")
+    print(tables(result))
+    print(f"results: {path} (book/fidelity.md shows the tables above)")
 
 
 if __name__ == "__main__":
