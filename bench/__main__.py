@@ -19,8 +19,10 @@ import modnets  # noqa: F401 (first: the CPU thread policy must be set before to
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -165,6 +167,17 @@ def _machine() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+#: What ``--slow-gemm`` sets: MKL's and oneDNN's matrix products limited to AVX2.
+SLOW_GEMM = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _matmul_rate(n: int = 1024) -> float:
+    """GFLOP/s of an ``n x n`` float32 ``torch.matmul`` with this process's threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    seconds = median_time(lambda: a @ b, repeats=5, warmup=2)
+    return 2 * n**3 / seconds / 1e9
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
@@ -178,11 +191,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the timed models")
     parser.add_argument(
+        "--slow-gemm",
+        action="store_true",
+        help="matrix products limited to AVX2 (MKL and oneDNN): how the ratios move with the "
+        "machine's matmul rate",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="print the ratios of every saved run at --profile side by side",
     )
     args = parser.parse_args(argv)
+    if args.slow_gemm and os.environ.get("ONEDNN_MAX_CPU_ISA") != SLOW_GEMM["ONEDNN_MAX_CPU_ISA"]:
+        # the libraries read their instruction set once, as torch loads: start again with it set
+        os.environ.update(SLOW_GEMM)
+        os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
     profile = get_profile(args.profile)
     if args.compare:
         runs = sorted((Path("_build") / "results").glob(f"bench_{profile}*.json"))
@@ -201,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     results["machine"] = _machine()
     # the instruction set the matrix products run with: a ratio moves with it (chapter 12)
     results["capability"] = torch.backends.cpu.get_cpu_capability()
+    results["gemm_isa"] = os.environ.get("ONEDNN_MAX_CPU_ISA", "default")
+    results["matmul_gflops"] = _matmul_rate()
     results["recorded"] = datetime.date.today().isoformat()
     variant = "".join(
         ("_bf16" if args.precision == "bfloat16" else "", "_compile" if args.compile else "")

@@ -414,3 +414,8 @@ def test_operator_classes_put_a_step_s_time_where_its_operators_run():
     assert classify("aten::mul_") == "element-wise" and classify("aten::bmm") == "matrix products"
     assert classify("aten::native_layer_norm") == "reductions and norms"
     assert classify("aten::some_new_op") == "other"
+
+
+def test_every_benchmark_says_where_its_target_holds():
+    assert set(b.HOLDS) == set(b.BENCHMARKS) - {"graph_prior"}
+    assert set(b.HOLDS.values()) == {"anywhere", "the matmul rate", "this machine's ceiling"}

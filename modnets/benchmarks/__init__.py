@@ -50,6 +50,7 @@ from modnets.benchmarks.ni import (
 from modnets.benchmarks.steps import bench_seed_workers, bench_thread_policy, bench_train_steps
 from modnets.benchmarks.suite import (
     BENCHMARKS,
+    HOLDS,
     VARIANT_BENCHMARKS,
     benchmark_fingerprint,
     run_all,
@@ -94,6 +95,7 @@ __all__ = [
     "bench_train_steps",
     "bench_seed_workers",
     "BENCHMARKS",
+    "HOLDS",
     "VARIANT_BENCHMARKS",
     "benchmark_fingerprint",
     "run_all",

@@ -52,6 +52,31 @@ BENCHMARKS = {
     "seed_workers": bench_seed_workers,
 }
 
+#: Where each benchmark's target should hold. "anywhere": both sides are bound by the same
+#: resources, so the ratio travels. "the matmul rate": one side spends more of its time outside
+#: matrix products than the other, so a machine with faster GEMMs moves the ratio (chapter 12
+#: says how far, from the time by operator class). "this machine's ceiling": measured against
+#: the machine's own matrix-product rate.
+HOLDS = {
+    "modulated": "the matmul rate",
+    "ni_vectorised": "anywhere",
+    "modattn_tokens": "anywhere",
+    "ni_fused": "the matmul rate",
+    "ni_vs_transformer": "the matmul rate",
+    "ni_memory": "anywhere",
+    "ni_profile": "anywhere",
+    "thread_policy": "anywhere",
+    "nac_vs_pio": "anywhere",
+    "read_in_memory": "anywhere",
+    "token_scaling": "anywhere",
+    "dropping": "anywhere",
+    "flop_utilisation": "this machine's ceiling",
+    "many_modules": "anywhere",
+    "train_steps": "this machine's ceiling",
+    "gemm_bound": "this machine's ceiling",
+    "seed_workers": "anywhere",
+}
+
 #: The benchmarks that take ``precision`` and ``compile`` (the ratios to measure on a GPU).
 VARIANT_BENCHMARKS = (
     "modulated",
