@@ -162,8 +162,8 @@ def test_ni_memory_reports_what_autograd_keeps_on_each_path():
     assert got[:2] == pytest.approx(expected, rel=1e-9)
     assert expected[0] != expected[1]
     assert res["ratio"] == got[0] / got[1]
-    # fused=None keeps what one of the two keeps, the one it measured faster (the check can
-    # fail: a third amount, e.g. the measurement's own tensors counted, misses both)
+    # fused=None keeps what one of the two keeps, the one it takes (the check can fail: a third
+    # amount, e.g. copies kept for both paths, misses both)
     assert res["met"] and any(got[2] == pytest.approx(e, rel=1e-9) for e in expected)
 
 

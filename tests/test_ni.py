@@ -268,11 +268,9 @@ def test_modattn_fused_saves_no_attention_weights(T):
     with use_fused_attn(False):  # the reference keeps them: the check can fail
         assert _largest_saved(attn, x, codes, compat) >= weights
         assert _saved_weights(attn, x, codes, compat)  # (the shape check above can fail too)
-    # the default: memory follows the path measured faster at this shape (measured first: the
-    # measurement's own tensors pass through the hooks too)
-    C = compat.expand(B, U, T).transpose(0, 1)
-    fused = attn.takes_fused(x.transpose(0, 1), codes, C)
-    assert (_largest_saved(attn, x, codes, compat) < weights) == fused
+    # the default: on a CPU the reference below FUSED_MIN_TOKENS tokens, fused from there
+    fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
+    assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
 
 
 def test_modattn_fused_projects_q_k_v_in_one_product():
@@ -301,15 +299,15 @@ def test_modattn_fused_projects_q_k_v_in_one_product():
         torch.set_num_threads(threads)
 
 
-def test_modattn_auto_runs_the_path_measured_faster_bias_or_not():
-    """fused=None runs exactly the path the measurement at the shape chose, with a learned bias
-    too (torch's fused CPU kernel gives it no gradient and falls back to a math kernel), on both
-    sides of the default crossover."""
+def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():
+    """torch's fused CPU kernel gives no gradient to an attention bias and falls back to a math
+    kernel that keeps the weights, which still beats NI eq. 7 from FUSED_MIN_TOKENS tokens on
+    (python -m bench --only modattn_tokens): fused=None takes the fused path, bias or not."""
     from modnets.nn.modattn import FUSED_MIN_TOKENS
 
     B, U, H = 2, 3, 2
     attn = modnets.ModAttn(8, 4, num_heads=H)
-    for T in (FUSED_MIN_TOKENS + 6, FUSED_MIN_TOKENS - 6):
+    for T, expected in ((FUSED_MIN_TOKENS + 6, True), (FUSED_MIN_TOKENS - 6, False)):
         x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
         bias = torch.randn(U, H, T, T, requires_grad=True)
         out = {}
@@ -318,78 +316,11 @@ def test_modattn_auto_runs_the_path_measured_faster_bias_or_not():
                 y = attn(x, codes, compat, bias)
             (g,) = torch.autograd.grad(y.square().sum(), bias)
             out[path] = (y, g)
-        expected = attn.takes_fused(x.transpose(0, 1), codes, compat.transpose(0, 1), bias)
         torch.testing.assert_close(out[False][0], out[True][0])  # the two paths agree ...
         # ... and fused=None ran exactly one of them (bit for bit, bias gradient included)
         for a, b in zip(out[None], out[expected], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert not torch.equal(out[None][0], out[not expected][0])  # (the check can fail)
-
-
-def test_the_measured_crossover_is_cached_reset_and_overridden(monkeypatch):
-    """The first call at a shape measures both paths; the second takes the cached choice
-    without measuring; reset forgets it; set_fused_attn and a ModAttn's own fused win."""
-    from modnets.nn import autotune
-    from modnets.nn.modattn import ModAttn
-
-    autotune.reset()
-    attn = modnets.ModAttn(8, 4, num_heads=2)
-    B, U, T = 2, 3, 5
-    x, codes, C = torch.randn(U, B, T, 8), torch.randn(U, 4), torch.rand(U, B, T)
-    measured = []
-    timed = ModAttn._timed_run
-
-    def counting(self, *args):
-        measured.append(args[0])
-        return timed(self, *args)
-
-    monkeypatch.setattr(ModAttn, "_timed_run", counting)
-    once = 2 * (1 + autotune.REPEATS)  # both paths, warmed up, then timed in turns
-    first = attn.takes_fused(x, codes, C)
-    assert len(measured) == once and autotune.cache_path().exists()
-    assert attn.takes_fused(x, codes, C) == first and len(measured) == once
-    autotune._choices = None  # another process: the file holds the choice
-    assert attn.takes_fused(x, codes, C) == first and len(measured) == once
-    attn.per_function(x, codes, C)
-    assert len(measured) == once
-    for switch in (True, False):
-        with use_fused_attn(switch):
-            assert attn.takes_fused(x, codes, C) is switch
-        own = ModAttn(8, 4, num_heads=2, fused=switch)
-        assert own.takes_fused(x, codes, C) is switch
-    assert len(measured) == once
-    autotune.reset()
-    assert not autotune.cache_path().exists()
-    attn.takes_fused(x, codes, C)
-    assert len(measured) == 2 * once
-
-
-def test_autotune_keeps_the_default_unless_another_path_wins_by_the_margin(tmp_path, monkeypatch):
-    import time
-
-    from modnets.nn import autotune
-
-    monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "choices.json"))
-    autotune.reset()
-
-    def taking(seconds):
-        return lambda: time.sleep(seconds)
-
-    fast, slow = taking(0.001), taking(0.02)
-    assert autotune.choose("a", {"x": fast, "y": slow}, default="y") == "x"
-    assert autotune.choose("b", {"x": fast, "y": taking(0.001)}, default="y") == "y"
-    # cached: a later call measures nothing, whatever the paths cost now
-    assert autotune.choose("a", {"x": slow, "y": fast}, default="y") == "x"
-    assert autotune.choice("b") == "y" and autotune.choice("c") is None
-    with pytest.raises(ValueError, match="default"):
-        autotune.choose("c", {"x": fast}, default="z")
-    # under a dispatch mode (here FLOP counting) it would time the mode: the default, uncached
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False):
-        assert autotune.choose("d", {"x": fast, "y": slow}, default="y") == "y"
-    assert autotune.choice("d") is None
-    autotune.reset()
 
 
 def _saved_weights(attn, x, codes, compat) -> list[tuple]:
@@ -442,12 +373,8 @@ def test_modattn_fused_takes_a_fused_gpu_kernel(dim, T, dtype):
 
 
 def test_modattn_auto_takes_eq7_under_torch_compile(monkeypatch):
-    """Under torch.compile ``fused=None`` takes NI eq. 7 as written (Inductor fuses it), even
-    where the fused path was measured faster."""
-    from modnets.nn import autotune
-
-    monkeypatch.setattr(autotune, "choose", lambda key, paths, default: "fused")
-    B, U, H, T = 2, 3, 2, 70
+    """Under torch.compile ``fused=None`` takes NI eq. 7 as written (Inductor fuses it)."""
+    B, U, H, T = 2, 3, 2, 70  # on a CPU, fused=None alone would take the fused kernel here
     attn = modnets.ModAttn(8, 4, num_heads=H)
     x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
     assert _largest_saved(attn, x, codes, compat) < B * U * H * T * T
