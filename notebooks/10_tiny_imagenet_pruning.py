@@ -521,7 +521,37 @@ display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 # * **The wiring's learning rate.** `cpu` gives signatures and bandwidth their own rate (1e-2),
 #   chosen on the training loss's graph term, never on validation accuracy.
 # * **Out of distribution.** Tiny-ImageNet-R is not available offline, so that claim is not tested.
+# * **Is the gap to Perceiver IO ours?** The public code's Tiny-ImageNet run differs from this
+#   NAC in its kernel, signatures, read-in, FFN, read-out and norms (book/fidelity.md lists every
+#   difference). `python -m modnets.experiments.fidelity --profile cpu` trains each group of them
+#   on the same seeds beside Perceiver IO; the cell below reads its record.
 # :::
+
+# %% tags=["hide-input"]
+import json
+from pathlib import Path
+
+record_path = Path("../bench/recorded") / f"fidelity_tiny_imagenet_{PROFILE}.json"
+gap = (
+    json.loads(record_path.read_text()).get("minus_pio")
+    if record_path.exists()
+    else None
+)
+if (
+    gap
+):  # each variant's top-1 minus Perceiver IO's, paired by seed, with its 95 % interval
+    for variant, d in gap.items():
+        print(
+            f"{variant:<28} NAC - Perceiver IO: {100 * d['mean']:+.1f} points "
+            f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] (n = {d['n']})"
+        )
+else:
+    print(
+        wrap(
+            f"No record of the groups beside Perceiver IO at {PROFILE} yet: python -m "
+            f"modnets.experiments.fidelity --profile {PROFILE} writes {record_path.name}."
+        )
+    )
 
 # %% [markdown]
 # ## Summary
