@@ -389,62 +389,27 @@ def prior_matching():
     return fig
 
 
-def _seeds(seeds) -> str:
-    seeds = sorted(seeds)
-    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds)) or "none"
+#: The generic protocol's steps (chapter 4b); an experiment's own fill in its seeds and n
+#: (:func:`modnets.experiments.core.evidence_report.protocol_boxes`).
+PROTOCOL_STEPS = (
+    "rules declared;\nsettings chosen\non selection seeds",
+    "pilot seeds\n(900-902):\nthe spread",
+    "plan: $n$ seeds\nby power\n(mde)",
+    "claim seeds and\nreplication seeds:\nregime, mechanism,\nHolm",
+    "decided where\nboth sets agree",
+)
 
 
-def _protocol_boxes(experiment: str | None, profile: str) -> tuple[str, list[str]]:
-    """The title and the five boxes' texts: generic, or ``experiment``'s own at ``profile``
-    (its selection seeds and paper claims, and the seeds its evidence record's plan fixed)."""
-    generic = [
-        "rules declared;\nsettings chosen\non selection seeds",
-        "pilot seeds\n(900-902):\nthe spread",
-        "plan: $n$ seeds\nby power\n(mde)",
-        "claim seeds and\nreplication seeds:\nregime, mechanism,\nHolm",
-        "decided where\nboth sets agree",
-    ]
-    if experiment is None:
-        return "How each experiment decides a paper's claim", generic
-    from modnets.experiments.core import evidence
-    from modnets.experiments.core.discovery import get
-    from modnets.profiles import select
-
-    exp = get(experiment)
-    config = select(exp.configs, profile)
-    paper = sum(r.kind == "paper" for r in exp.rules.values())
-    ours = len(exp.rules) - paper
-    declared = f"{paper} paper claims" if paper else f"{ours} questions of ours"
-    if paper and ours:
-        declared += f",\n{ours} of ours"
-    selection = config.selection_seeds
-    boxes = [
-        f"{declared};\nsettings chosen on\nselection seed{'s' * (len(selection) != 1)}\n"
-        f"{_seeds(selection)}",
-        f"pilot seeds\n({_seeds(evidence.PILOT_SEEDS)}):\nthe spread",
-        *generic[2:],
-    ]
-    try:
-        plan = evidence.load_record(exp, profile).plan
-    except FileNotFoundError:  # no plan yet: the generic steps
-        pass
-    else:
-        boxes[2] = f"plan: $n$ = {plan.n}\nseeds a set\nby power (mde)"
-        boxes[3] = (
-            f"claim seeds {_seeds(plan.seeds['claim'])},\nreplication seeds\n"
-            f"{_seeds(plan.seeds['replication'])}:\nregime, mechanism,\nHolm"
-        )
-    return f"How the {exp.name.replace('_', ' ')} experiment decides its claims ({profile})", boxes
-
-
-def evidence_protocol(experiment: str | None = None, profile: str = "cpu"):
+def evidence_protocol(
+    title: str = "How each experiment decides a paper's claim",
+    boxes: tuple[str, ...] = PROTOCOL_STEPS,
+):
     """How a claim is decided (chapter 4b): rules and selection first, a pilot sets the number
-    of seeds, two disjoint seed sets decide, and the claim counts where they agree. With
-    ``experiment``, that experiment's own seeds and number of claims at ``profile``, its plan's
-    seeds where its evidence record has one."""
-    title, boxes = _protocol_boxes(experiment, profile)
+    of seeds, two disjoint seed sets decide, and the claim counts where they agree. ``title``
+    and the five ``boxes`` default to the generic steps; an experiment chapter passes its own
+    (:func:`modnets.experiments.core.evidence_report.protocol_figure`)."""
+    if len(boxes) != len(PROTOCOL_STEPS):
+        raise ValueError(f"boxes must hold {len(PROTOCOL_STEPS)} texts, got {len(boxes)}")
     fig, ax = _canvas(10, 3.2, title)
     xs = ((0.1, 1.9, "code"), (2.4, 1.4, "data"), (4.2, 1.5, "route"), (6.1, 1.9, "module"))
     row = [(x, w, text, role) for (x, w, role), text in zip(xs, boxes, strict=False)]
@@ -472,9 +437,8 @@ DIAGRAMS = {
 }
 
 
-def draw(name: str, **options):
-    """The figure of diagram ``name`` (one of :data:`DIAGRAMS`), drawn with ``options`` (e.g.
-    ``experiment=`` for ``"evidence_protocol"``)."""
+def draw(name: str):
+    """The figure of diagram ``name`` (one of :data:`DIAGRAMS`)."""
     if name not in DIAGRAMS:
         raise ValueError(f"name must be one of {sorted(DIAGRAMS)}, got {name!r}")
-    return DIAGRAMS[name](**options)
+    return DIAGRAMS[name]()

@@ -74,9 +74,7 @@ print("profile:", PROFILE)
 # number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
 
 # %% tags=["hide-input"]
-from modnets import diagrams
-
-_ = diagrams.draw("evidence_protocol", experiment="fuzzy_boolean", profile=PROFILE)
+_ = evidence_report.protocol_figure("fuzzy_boolean", PROFILE)
 
 # %% tags=["hide-cell"]
 show(config)  # the whole configuration (collapsed in the book)

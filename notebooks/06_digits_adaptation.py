@@ -83,9 +83,7 @@ print(
 # number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
 
 # %% tags=["hide-input"]
-from modnets import diagrams
-
-_ = diagrams.draw("evidence_protocol", experiment="digits", profile=PROFILE)
+_ = evidence_report.protocol_figure("digits", PROFILE)
 
 # %% [markdown]
 # ## The data

@@ -85,9 +85,7 @@ print("profile:", PROFILE, "| seeds:", config.seeds, "| priors:", config.priors)
 # number of seeds, and two disjoint seed sets must agree (the evidence records, chapter 13).
 
 # %% tags=["hide-input"]
-from modnets import diagrams
-
-_ = diagrams.draw("evidence_protocol", experiment="tiny_imagenet", profile=PROFILE)
+_ = evidence_report.protocol_figure("tiny_imagenet", PROFILE)
 
 # %% tags=["hide-cell"]
 show(config.train)  # the whole configuration (collapsed in the book)
@@ -546,11 +544,9 @@ if (
             f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] (n = {d['n']})"
         )
 else:
+    command = f"python -m modnets.experiments.fidelity --profile {PROFILE}"
     print(
-        wrap(
-            f"No record of the groups beside Perceiver IO at {PROFILE} yet: python -m "
-            f"modnets.experiments.fidelity --profile {PROFILE} writes {record_path.name}."
-        )
+        wrap(f"No record of the groups beside Perceiver IO yet: {command} writes it.")
     )
 
 # %% [markdown]

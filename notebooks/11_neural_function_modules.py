@@ -430,7 +430,7 @@ plt.tight_layout()
 # and two disjoint seed sets must agree (the evidence records, chapter 13).
 
 # %% tags=["hide-input"]
-_ = diagrams.draw("evidence_protocol", experiment="stacked_mnist", profile=PROFILE)
+_ = evidence_report.protocol_figure("stacked_mnist", PROFILE)
 
 # %% [markdown]
 # ## The two models

@@ -175,9 +175,7 @@ with torch.no_grad():
 # chapter 13).
 
 # %% tags=["hide-input"]
-from modnets import diagrams
-
-_ = diagrams.draw("evidence_protocol", experiment="side_by_side", profile=PROFILE)
+_ = evidence_report.protocol_figure("side_by_side", PROFILE)
 
 # %% [markdown]
 # For every model, each learning rate of `config.train.lrs` is tried on the selection seeds and

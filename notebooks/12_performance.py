@@ -128,12 +128,10 @@ for file in RECORDED.get(PROFILE, []):
             )
         names, when = ", ".join(run["results"]), run["recorded"]
         print(wrap(f"Read from a run of python -m bench on {where}, {when}: {names}."))
-        # a row timed on other code than the chapter's is flagged (the tests fail on it too)
+        # a row timed on other code than this is flagged (the tests fail on it too)
         for name, res in run["results"].items():
             if res.get("code_fingerprint") != benchmarks.benchmark_fingerprint(name):
-                print(
-                    f"  {name}: recorded with other code than this; re-record it ({file})."
-                )
+                print(f"  {name}: timed on other code; record it again ({file}).")
 live = [name for name in benchmarks.BENCHMARKS if name not in recorded]
 measured = benchmarks.run_all(PROFILE, only=live)["results"] | recorded
 results = {name: measured[name] for name in benchmarks.BENCHMARKS}
@@ -649,11 +647,9 @@ for name, r in results.items():
     verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3g}"
     source = " (recorded)" if name in recorded else ""
-    holds = benchmarks.HOLDS[name]
+    holds = f"; holds: {benchmarks.HOLDS[name]}"
     print(
-        wrap(
-            f"{name:<18} {ratio:>8}  target {r['target']} ({verdict}){source}; holds: {holds}"
-        )
+        wrap(f"{name:<18} {ratio:>8}  target {r['target']} ({verdict}){source}{holds}")
     )
 
 # %% [markdown]

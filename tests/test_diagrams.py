@@ -95,14 +95,14 @@ def test_each_experiment_chapter_draws_its_own_protocol(name):
     """An experiment's protocol names its own selection seeds and, where its evidence record has
     a plan, the plan's n and seeds (the check can fail: the generic drawing names neither)."""
     from modnets.exercises import NOTEBOOKS
-    from modnets.experiments.core import evidence
+    from modnets.experiments.core import evidence, evidence_report
     from modnets.experiments.core.discovery import get
     from modnets.profiles import select
 
     experiment = get(name)
     chapter = (NOTEBOOKS / f"{experiment.chapter}.py").read_text()
-    assert f'diagrams.draw("evidence_protocol", experiment="{name}"' in chapter
-    fig = diagrams.draw("evidence_protocol", experiment=name, profile="cpu")
+    assert f'evidence_report.protocol_figure("{name}", PROFILE)' in chapter
+    fig = evidence_report.protocol_figure(name, "cpu")
     text = " ".join(t.get_text() for t in fig.axes[0].texts).replace("\n", " ")
     selection = select(experiment.configs, "cpu").selection_seeds
     assert all(str(s) in text for s in selection)

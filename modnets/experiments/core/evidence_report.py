@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modnets.experiments.core.discovery import get, list_experiments
-from modnets.experiments.core.evidence import MIN_SEEDS, Record, configured, load_record
+from modnets.experiments.core.evidence import (
+    MIN_SEEDS,
+    PILOT_SEEDS,
+    Record,
+    configured,
+    load_record,
+)
 from modnets.experiments.core.experiment import Experiment
 from modnets.experiments.core.options import RunOptions, resolved
 from modnets.experiments.core.report import (
@@ -25,6 +31,7 @@ from modnets.experiments.core.report import (
     papers,
 )
 from modnets.experiments.core.stats import seed_stats
+from modnets.profiles import select
 
 __all__ = [
     "RECORD_MISMATCH",
@@ -391,3 +398,55 @@ def record_checks(records: dict, profile: str, folder="_build/results") -> tuple
         "their evidence record's range (widened by its spread)"
     )
     return frame, sentence + (f"; {bad} lie {RECORD_MISMATCH}." if bad else ".")
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+def _seeds(seeds) -> str:
+    seeds = sorted(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds)) or "none"
+
+
+def protocol_boxes(experiment: Experiment, profile: str) -> tuple[str, ...]:
+    """The five steps of :func:`modnets.diagrams.evidence_protocol` for ``experiment`` at
+    ``profile``: its selection seeds and number of claims, and the n and seeds its evidence
+    record's plan fixed (the generic steps where it has none yet)."""
+    from modnets.diagrams import PROTOCOL_STEPS
+
+    config = select(experiment.configs, profile)
+    paper = sum(r.kind == "paper" for r in experiment.rules.values())
+    ours = len(experiment.rules) - paper
+    declared = f"{paper} paper claims" if paper else f"{ours} questions of ours"
+    if paper and ours:
+        declared += f",\n{ours} of ours"
+    selection = config.selection_seeds
+    boxes = [
+        f"{declared};\nsettings chosen on\nselection seed{'s' * (len(selection) != 1)}\n"
+        f"{_seeds(selection)}",
+        f"pilot seeds\n({_seeds(PILOT_SEEDS)}):\nthe spread",
+        *PROTOCOL_STEPS[2:],
+    ]
+    try:
+        plan = load_record(experiment, profile).plan
+    except FileNotFoundError:  # no plan yet: the generic steps
+        return tuple(boxes)
+    boxes[2] = f"plan: $n$ = {plan.n}\nseeds a set\nby power (mde)"
+    boxes[3] = (
+        f"claim seeds {_seeds(plan.seeds['claim'])},\nreplication seeds\n"
+        f"{_seeds(plan.seeds['replication'])}:\nregime, mechanism,\nHolm"
+    )
+    return tuple(boxes)
+
+
+def protocol_figure(experiment: str, profile: str):
+    """The evidence protocol as ``experiment`` follows it at ``profile`` (an experiment
+    chapter's first figure): :func:`modnets.diagrams.evidence_protocol` with
+    :func:`protocol_boxes`."""
+    from modnets.diagrams import evidence_protocol
+
+    exp = get(experiment)
+    title = f"How the {exp.name.replace('_', ' ')} experiment decides its claims ({profile})"
+    return evidence_protocol(title, protocol_boxes(exp, profile))
