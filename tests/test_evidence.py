@@ -158,7 +158,7 @@ def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_
 
     def measure_seed(experiment, profile, seed, options):
         measured.append(seed)
-        return {"seed": seed}
+        return {"seed": seed, "provenance": {}}
 
     monkeypatch.setattr(evidence, "measure_seed", measure_seed)
     toy = dataclasses.replace(get("fuzzy_boolean"), train_seeds=train_seeds)
@@ -167,6 +167,9 @@ def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_
     folder.mkdir()
     evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
     assert calls == [((5, 6, 7), 2, "evidence")] and measured == [5, 6, 7]
+    # each record carries its share of the time the set trained side by side
+    written = evidence.read_seed(evidence.seed_path(folder, 6))
+    assert written["provenance"]["trained_ahead_seconds"] >= 0.0
     evidence.seed_path(folder, 6).unlink()
     evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
     evidence.seed_path(folder, 6).unlink()

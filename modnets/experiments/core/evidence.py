@@ -304,6 +304,8 @@ def combine(experiment: Experiment, records: Sequence[dict]) -> dict:
         "compiler": sorted({bool(p.get("compiler")) for p in prov}),
         "threads": sorted({p["threads"] for p in prov}),
         "wall_seconds": sum(p["wall_seconds"] for p in prov),
+        # the time the seeds' models trained side by side before they were measured
+        "trained_ahead_seconds": sum(p.get("trained_ahead_seconds", 0.0) for p in prov),
         "dates": sorted({p.get("date", "") for p in prov}),
     }
     selection = records[0]["selection_seeds"]
@@ -360,16 +362,19 @@ def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
     todo = [s for s in seeds if not seed_path(folder, s).exists()]
     workers = harness.workers_for(options.workers, profile, options.device)
+    ahead = 0.0  # each seed's share of the time its set trained side by side
     if experiment.train_seeds is not None and len(todo) > 1 and workers > 1:
         # the whole set's models side by side first, each seed then measured from them alone
+        start = time.perf_counter()
         with _own_checkpoints():
             config = configured(experiment, profile, todo)
             experiment.train_seeds(config, dataclasses.replace(options, workers=workers))
+        ahead = (time.perf_counter() - start) / len(todo)
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
     for seed in todo:
-        write_seed(
-            seed_path(folder, seed), measure_seed(experiment, profile, seed, options.quiet())
-        )
+        record = measure_seed(experiment, profile, seed, options.quiet())
+        record["provenance"]["trained_ahead_seconds"] = ahead
+        write_seed(seed_path(folder, seed), record)
         bar.update(1)
     bar.close()
     return [read_seed(seed_path(folder, s)) for s in seeds]

@@ -224,9 +224,10 @@ def evidence_status(records: dict, profile: str) -> str:
         if record.complete:
             prov = record.results["claim"]["provenance"]
             where = f"; recorded on {', '.join(prov['cpu'])} with torch {', '.join(prov['torch'])}"
-            seconds = [r["provenance"].get("wall_seconds") for r in record.results.values()]
-            if None not in seconds:
-                where += f", the two sets in {sum(seconds) / 3600:.1f} h of machine time"
+            sets = [r["provenance"] for r in record.results.values()]
+            if all("wall_seconds" in p for p in sets):
+                seconds = sum(p["wall_seconds"] + p.get("trained_ahead_seconds", 0.0) for p in sets)
+                where += f", the two sets in {seconds / 3600:.1f} h of machine time"
         lines.append(
             f"* `{name}`: {plan.n} seeds a set (the most a paper claim needs at the spread of "
             f"the pilot seeds {plan.pilot_seeds}, within {MIN_SEEDS}..{plan.cap}; plan of "
