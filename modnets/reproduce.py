@@ -3,8 +3,9 @@
 For each experiment: a pilot on its pilot seeds, the number of claim seeds from the pilot's
 spread by power, then the claim seeds and a disjoint replication set, one committed record per
 seed (:mod:`modnets.experiments.core.evidence`). It resumes where it stopped: a seed with a
-record is not run again, and a training that was stopped (Ctrl-C) goes on from its last saved
-step, bit for bit. Hours at ``cpu``; apart from ``make book``, which reads the records.
+record is not run again, and a training that was stopped (Ctrl-C, or ``kill -TERM`` for a run
+started in the background, whose shell has it ignore Ctrl-C's SIGINT) goes on from its last
+saved step, bit for bit. Hours at ``cpu``; apart from ``make book``, which reads the records.
 """
 
 from __future__ import annotations
