@@ -171,13 +171,6 @@ def _machine() -> str:
 SLOW_GEMM = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
-def _matmul_rate(n: int = 1024) -> float:
-    """GFLOP/s of an ``n x n`` float32 ``torch.matmul`` with this process's threads."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    seconds = median_time(lambda: a @ b, repeats=5, warmup=2)
-    return 2 * n**3 / seconds / 1e9
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
@@ -224,8 +217,6 @@ def main(argv: list[str] | None = None) -> None:
     results["machine"] = _machine()
     # the instruction set the matrix products run with: a ratio moves with it (chapter 12)
     results["capability"] = torch.backends.cpu.get_cpu_capability()
-    results["gemm_isa"] = os.environ.get("ONEDNN_MAX_CPU_ISA", "default")
-    results["matmul_gflops"] = _matmul_rate()
     results["recorded"] = datetime.date.today().isoformat()
     variant = "".join(
         ("_bf16" if args.precision == "bfloat16" else "", "_compile" if args.compile else "")

@@ -393,29 +393,3 @@ def test_a_papers_other_complete_records_are_found_and_no_others(tmp_path):
     assert [r.plan.experiment for r in found] == ["fuzzy_boolean"]
     assert evidence_report.paper_records(get("fuzzy_boolean"), "cpu", tmp_path) == []
     assert evidence_report.paper_records(get("tiny_imagenet"), "cpu", tmp_path) == []
-
-
-def test_a_witness_equal_to_float32_rounding_measured_the_same():
-    """A kernel may round a last bit otherwise when its operands lie elsewhere in memory: a
-    witness within float32 rounding of its record measured the same; a real change (a trained
-    model's numbers move by far more), or any other value changed, did not."""
-    from modnets.experiments.core.renewal import ROUNDING, same_measurement
-
-    record = {
-        "config": {"epochs": 3},
-        "selection_seeds": [100],
-        "models": {"all": {"per_seed": [{"mean_r2": 0.9627459645271301, "history": {}}]}},
-        "diagnostics": {"shift": [0.005804862827062607, float("nan")]},
-    }
-
-    def moved(path_value):
-        out = json.loads(json.dumps(record))
-        out["models"]["all"]["per_seed"][0]["mean_r2"] = path_value
-        return out
-
-    assert same_measurement(record, moved(0.9627460241317749))  # one float32 ulp
-    assert not same_measurement(record, moved(0.9627459645271301 * (1 + 10 * ROUNDING)))
-    other = json.loads(json.dumps(record))
-    other["config"]["epochs"] = 4
-    assert not same_measurement(record, other)
-    assert same_measurement(record, json.loads(json.dumps(record)))  # nan equals nan here

@@ -174,6 +174,14 @@ def best_time(cfg: BenchConfig, fn: Callable[[], object], device) -> float:
     return median_time(call, cfg.repeats, cfg.warmup, device, cfg.min_run_time)
 
 
+def matmul_rate(cfg: BenchConfig, device) -> float:
+    """FLOP/s of a ``cfg.matmul_size`` square ``torch.matmul`` here, in ``cfg``'s precision: the
+    machine's ceiling the utilisation targets are measured against."""
+    n = cfg.matmul_size
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n**3 / best_time(cfg, lambda: a @ b, device)
+
+
 def compiled_side(cfg: BenchConfig, *models):
     """``models``, each through ``torch.compile`` when ``cfg.compile``. Dynamo's caches are
     cleared first, so every row of a benchmark compiles its own models (and never meets the

@@ -24,6 +24,7 @@ from modnets.benchmarks.core import (
     count_flops,
     interleaved_times,
     make_result,
+    matmul_rate,
     train_step,
 )
 from modnets.benchmarks.ni import experiment_ni
@@ -289,13 +290,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
     measured here with every thread (before and after the steps, the higher)."""
     from modnets.experiments.core.harness import workers_for
 
-    n = cfg.matmul_size
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-
-    def matmul_rate() -> float:
-        return 2 * n**3 / best_time(cfg, lambda: a @ b, device)
-
-    peak = matmul_rate()
+    peak = matmul_rate(cfg, device)
     workers = workers_for(None, cfg.experiments, device)
     models = _experiment_models(cfg)
     alone = _trained_alone(cfg, workers, models) if workers > 1 else set()
@@ -321,7 +316,7 @@ def bench_train_steps(cfg: BenchConfig, device) -> dict:
         times |= _in_workers(cfg, workers, shared)
     # the rate again after the steps, the higher one kept: one reading taken while the machine is
     # slow would make every MFU look higher than it is
-    peak = max(peak, matmul_rate())
+    peak = max(peak, matmul_rate(cfg, device))
     rows = []
     for name, (_, _, config) in models.items():
         t = times[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -15,7 +16,7 @@ from modnets.benchmarks.circuits import (
     bench_nac_vs_pio,
     bench_token_scaling,
 )
-from modnets.benchmarks.core import CONFIGS, PRECISIONS, format_result
+from modnets.benchmarks.core import CONFIGS, PRECISIONS, format_result, matmul_rate
 from modnets.benchmarks.gemm import bench_gemm_bound
 from modnets.benchmarks.layers import bench_modulated, bench_ni_vectorised, bench_read_in_memory
 from modnets.benchmarks.ni import (
@@ -144,6 +145,9 @@ def run_all(
     }
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
+    # the matrix-product rate and instruction set every ratio below was measured at
+    out["matmul_gflops"] = matmul_rate(cfg, device) / 1e9
+    out["gemm_isa"] = os.environ.get("ONEDNN_MAX_CPU_ISA", "default")
     for name in names:
         t0 = time.perf_counter()
         res = BENCHMARKS[name](cfg, device)

@@ -11,7 +11,7 @@ provenance); otherwise they are measured again.
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,29 +99,13 @@ def _without_clock(x):
     return x
 
 
-#: How far apart two numbers of a witness and its record may be and still count as the same
-#: measurement: float32 rounding. A kernel may round the last bit otherwise when its operands
-#: lie elsewhere in memory (an allocation more or less before it); a change in what is computed
-#: moves a trained model's numbers by orders of magnitude more.
-ROUNDING = 1e-5
-
-
-def _close(a, b) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b or abs(a - b) <= ROUNDING * max(abs(a), abs(b))
-    return type(a) is type(b) and a == b
-
-
 def same_measurement(a: dict, b: dict) -> bool:
-    """Whether two seed records measured the same but for the clock's readings: every value
-    equal, each float to within :data:`ROUNDING` (relative)."""
-    return all(_close(_without_clock(a[k]), _without_clock(b[k])) for k in MEASURED)
+    """Whether two seed records measured the same, bit for bit, but for the clock's readings."""
+    return all(
+        json.dumps(_without_clock(a[k]), sort_keys=True)
+        == json.dumps(_without_clock(b[k]), sort_keys=True)
+        for k in MEASURED
+    )
 
 
 def _machine(record: dict) -> tuple:
