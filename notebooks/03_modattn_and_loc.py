@@ -157,9 +157,14 @@ with use_fused_attn(True):
 # Which form is faster depends on the number of tokens. On a GPU the fused kernel wins. On a CPU
 # with few tokens (chapter 6 at the `cpu` profile has 6: four 16×16 patches and 2 CLS tokens), $W$
 # is no larger than the queries, and the fused kernel's overhead per head costs more than it
-# saves; from some tens of tokens on (about 64 here) it is faster. Chapter 12 measures this. By
-# default ModAttn uses the fused kernel on a GPU and on a CPU from
-# `modnets.nn.modattn.FUSED_MIN_TOKENS` tokens on. One switch sets the path of every ModAttn, as
+# saves; from some tens of tokens on it is faster, and where exactly moves with the machine (a CPU
+# with faster matrix products favours the fused kernel sooner). Chapter 12 measures this. So by
+# default ModAttn uses the fused kernel on a GPU, and on a CPU it has both paths timed at the
+# first call of each shape and keeps the faster, as cuDNN's benchmark mode does. The timing runs
+# in another process, so a training that measures on its first step goes on bit for bit as one
+# that found the choice cached (`ModAttn.takes_fused` says which path; the choices are cached on
+# the machine, `modnets.nn.autotune.reset()` forgets them). One switch sets the path of every
+# ModAttn, as
 # timm's `use_fused_attn` does: `modnets.nn.config.set_fused_attn(True | False | None)`, or
 # `with use_fused_attn(...)` for a block as above; a ModAttn built with its own `fused=` argument
 # keeps it.

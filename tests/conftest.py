@@ -26,6 +26,18 @@ def _private_checkpoints(tmp_path_factory):
         os.environ["MODNETS_CHECKPOINTS"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_autotune(tmp_path_factory):
+    """Tests measure their own path choices (modnets.nn.autotune), never the user's."""
+    old = os.environ.get("MODNETS_AUTOTUNE")
+    os.environ["MODNETS_AUTOTUNE"] = str(tmp_path_factory.mktemp("autotune") / "autotune.json")
+    yield
+    if old is None:
+        os.environ.pop("MODNETS_AUTOTUNE", None)
+    else:
+        os.environ["MODNETS_AUTOTUNE"] = old
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     import torch  # here, not at the top: pytest-xdist's controlling process never needs it

@@ -381,6 +381,7 @@ def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_
     assert row["gain"] == pytest.approx(2 * 10 / 16) and res["met"] is True
     monkeypatch.setattr(b.steps.os, "cpu_count", lambda: 1)
     assert b.bench_seed_workers(cpu, torch.device("cpu"))["met"] is None
+    monkeypatch.undo()  # real processes again (a ModAttn's timing runs in one)
     times = b.steps._workers_child("smoke", 0.01, 1)  # what each child runs, at smoke
     assert (
         set(times) == set(b.steps._experiment_models(b.CONFIGS["smoke"]))

@@ -268,9 +268,11 @@ def test_modattn_fused_saves_no_attention_weights(T):
     with use_fused_attn(False):  # the reference keeps them: the check can fail
         assert _largest_saved(attn, x, codes, compat) >= weights
         assert _saved_weights(attn, x, codes, compat)  # (the shape check above can fail too)
-    # the default: on a CPU the reference below FUSED_MIN_TOKENS tokens, fused from there
-    fused_here = T >= modnets.nn.modattn.FUSED_MIN_TOKENS
-    assert (_largest_saved(attn, x, codes, compat) < weights) == fused_here
+    # the default: memory follows the path measured faster at this shape (measured first: the
+    # measurement's own tensors pass through the hooks too)
+    C = compat.expand(B, U, T).transpose(0, 1)
+    fused = attn.takes_fused(x.transpose(0, 1), codes, C)
+    assert (_largest_saved(attn, x, codes, compat) < weights) == fused
 
 
 def test_modattn_fused_projects_q_k_v_in_one_product():
@@ -299,15 +301,15 @@ def test_modattn_fused_projects_q_k_v_in_one_product():
         torch.set_num_threads(threads)
 
 
-def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():
-    """torch's fused CPU kernel gives no gradient to an attention bias and falls back to a math
-    kernel that keeps the weights, which still beats NI eq. 7 from FUSED_MIN_TOKENS tokens on
-    (python -m bench --only modattn_tokens): fused=None takes the fused path, bias or not."""
+def test_modattn_auto_runs_the_path_measured_faster_bias_or_not():
+    """fused=None runs exactly the path the measurement at the shape chose, with a learned bias
+    too (torch's fused CPU kernel gives it no gradient and falls back to a math kernel), on both
+    sides of the default crossover."""
     from modnets.nn.modattn import FUSED_MIN_TOKENS
 
     B, U, H = 2, 3, 2
     attn = modnets.ModAttn(8, 4, num_heads=H)
-    for T, expected in ((FUSED_MIN_TOKENS + 6, True), (FUSED_MIN_TOKENS - 6, False)):
+    for T in (FUSED_MIN_TOKENS + 6, FUSED_MIN_TOKENS - 6):
         x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
         bias = torch.randn(U, H, T, T, requires_grad=True)
         out = {}
@@ -316,11 +318,136 @@ def test_modattn_auto_fuses_with_a_learned_bias_on_cpu_from_min_tokens():
                 y = attn(x, codes, compat, bias)
             (g,) = torch.autograd.grad(y.square().sum(), bias)
             out[path] = (y, g)
+        expected = attn.takes_fused(x.transpose(0, 1), codes, compat.transpose(0, 1), bias)
         torch.testing.assert_close(out[False][0], out[True][0])  # the two paths agree ...
         # ... and fused=None ran exactly one of them (bit for bit, bias gradient included)
         for a, b in zip(out[None], out[expected], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert not torch.equal(out[None][0], out[not expected][0])  # (the check can fail)
+
+
+def test_the_measured_crossover_is_cached_reset_and_overridden(monkeypatch):
+    """The first call at a shape has both paths timed in another process; the second takes the
+    cached choice without measuring; reset forgets it; set_fused_attn and a ModAttn's own
+    fused win."""
+    from modnets.nn import autotune, modattn
+    from modnets.nn.modattn import ModAttn
+
+    autotune.reset()
+    attn = modnets.ModAttn(8, 4, num_heads=2)
+    B, U, T = 2, 3, 5
+    x, codes, C = torch.randn(U, B, T, 8), torch.randn(U, 4), torch.rand(U, B, T)
+    measured = []
+    measure = autotune._measure
+
+    def counting(measurement):
+        measured.append(measurement)
+        return measure(measurement)
+
+    monkeypatch.setattr(autotune, "_measure", counting)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the paths were timed in this process")
+
+    monkeypatch.setattr(modattn, "time_paths", not_here)  # the other process imports its own
+    rng = torch.get_rng_state()
+    first = attn.takes_fused(x, codes, C)
+    assert len(measured) == 1 and autotune.cache_path().exists()
+    assert measured[0].kwargs["T"] == T and measured[0].threads == torch.get_num_threads()
+    assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn here
+    assert attn.takes_fused(x, codes, C) == first and len(measured) == 1
+    autotune._choices = None  # another process: the file holds the choice
+    assert attn.takes_fused(x, codes, C) == first and len(measured) == 1
+    attn.per_function(x, codes, C)
+    assert len(measured) == 1
+    for switch in (True, False):
+        with use_fused_attn(switch):
+            assert attn.takes_fused(x, codes, C) is switch
+        own = ModAttn(8, 4, num_heads=2, fused=switch)
+        assert own.takes_fused(x, codes, C) is switch
+    assert len(measured) == 1
+    autotune.reset()
+    assert not autotune.cache_path().exists()
+    attn.takes_fused(x, codes, C)
+    assert len(measured) == 2
+
+
+def test_a_measured_shape_trains_bit_for_bit_as_a_cached_one():
+    """Measuring on the first step leaves the training exactly as a run that found the choice
+    cached: the timing allocates nothing in this process (in-process timing did, and moved a
+    training's last bits)."""
+    from modnets.nn import autotune
+
+    def train() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        attn = modnets.ModAttn(8, 4, num_heads=2)
+        opt = torch.optim.Adam(attn.parameters(), lr=1e-2)
+        for _ in range(3):
+            x, codes, compat = torch.randn(4, 3, 7, 8), torch.randn(3, 4), torch.rand(4, 3, 7)
+            opt.zero_grad()
+            attn(x, codes, compat).square().mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in attn.parameters()]
+
+    autotune.reset()
+    measuring = train()
+    assert autotune.cache_path().exists()  # (the check can fail: it did measure)
+    for a, b in zip(measuring, train(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_autotune_keeps_the_default_unless_another_path_wins_by_the_margin(tmp_path, monkeypatch):
+    from modnets.nn import autotune
+
+    monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "choices.json"))
+    autotune.reset()
+    timing = autotune.Measurement("unused:here")
+
+    def measuring(seconds):
+        monkeypatch.setattr(autotune, "_measure", lambda measurement: seconds)
+
+    paths = ("x", "y")
+    measuring({"x": 0.001, "y": 0.02})
+    assert autotune.choose("a", timing, paths, default="y") == "x"
+    measuring({"x": 0.001, "y": 0.00105})  # within the margin: the default stays
+    assert autotune.choose("b", timing, paths, default="y") == "y"
+    # cached: a later call measures nothing, whatever the paths cost now
+    measuring({"x": 0.02, "y": 0.001})
+    assert autotune.choose("a", timing, paths, default="y") == "x"
+    assert autotune.choice("b") == "y" and autotune.choice("c") is None
+    with pytest.raises(ValueError, match="default"):
+        autotune.choose("c", timing, ("x",), default="z")
+    # another process measured "f" while this one did: its choice, stored first, holds
+    def measured_elsewhere(measurement):
+        autotune.cache_path().write_text('{"f": "y"}')
+        return {"x": 0.001, "y": 0.02}
+
+    monkeypatch.setattr(autotune, "_measure", measured_elsewhere)
+    assert autotune.choose("f", timing, paths, default="y") == "y" == autotune.choice("f")
+    measuring({"x": 0.001})
+    with pytest.raises(ValueError, match="expected"):
+        autotune.choose("c", timing, paths, default="y")
+    # under a dispatch mode (here FLOP counting) it would time the mode: the default, uncached
+    from torch.utils.flop_counter import FlopCounterMode
+
+    measuring({"x": 0.001, "y": 0.02})
+    with FlopCounterMode(display=False):
+        assert autotune.choose("d", timing, paths, default="y") == "y"
+    assert autotune.choice("d") is None
+    autotune.reset()
+
+
+def test_a_failed_measurement_keeps_the_default_with_a_warning(tmp_path, monkeypatch):
+    """The other process cannot import the function: the default holds for this process, the
+    file is not written, and the warning says why."""
+    from modnets.nn import autotune
+
+    monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "choices.json"))
+    autotune.reset()
+    timing = autotune.Measurement("modnets.nn.no_such_module:f")
+    with pytest.warns(UserWarning, match="kept y.*no_such_module"):
+        assert autotune.choose("e", timing, ("x", "y"), default="y") == "y"
+    assert autotune.choice("e") == "y" and not autotune.cache_path().exists()
 
 
 def _saved_weights(attn, x, codes, compat) -> list[tuple]:
@@ -373,8 +500,12 @@ def test_modattn_fused_takes_a_fused_gpu_kernel(dim, T, dtype):
 
 
 def test_modattn_auto_takes_eq7_under_torch_compile(monkeypatch):
-    """Under torch.compile ``fused=None`` takes NI eq. 7 as written (Inductor fuses it)."""
-    B, U, H, T = 2, 3, 2, 70  # on a CPU, fused=None alone would take the fused kernel here
+    """Under torch.compile ``fused=None`` takes NI eq. 7 as written (Inductor fuses it), even
+    where the fused path was measured faster."""
+    from modnets.nn import autotune
+
+    monkeypatch.setattr(autotune, "choose", lambda key, timing, paths, default: "fused")
+    B, U, H, T = 2, 3, 2, 70
     attn = modnets.ModAttn(8, 4, num_heads=H)
     x, codes, compat = torch.randn(B, U, T, 8), torch.randn(U, 4), torch.rand(B, U, T)
     assert _largest_saved(attn, x, codes, compat) < B * U * H * T * T

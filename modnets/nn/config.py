@@ -1,7 +1,8 @@
 """One switch for the path every :class:`~modnets.nn.modattn.ModAttn` takes, as timm's
 ``layers/config.py`` has for fused attention.
 
-``None`` (the default) lets each ModAttn choose by device and token count; ``True`` runs
+``None`` (the default) lets each ModAttn take the path a measurement at its shape found faster
+(:meth:`~modnets.nn.modattn.ModAttn.takes_fused`); ``True`` runs
 NI eq. 7 through ``F.scaled_dot_product_attention``; ``False`` runs it as written, with its
 ``(B, U, H, T, T)`` weights. A ModAttn built with its own ``fused`` argument ignores the switch.
 """

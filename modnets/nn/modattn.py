@@ -22,11 +22,14 @@ writes the mixed heads function-major, where the out ModLin reads them without a
 :meth:`ModAttn.attention_weights` keeps the readable NI eq. 7, and ``fused=False`` runs the
 forward pass through the same lines (its ``q``, ``k`` and ``v`` from one product too).
 
-Which path is faster depends on the number of tokens: the fused kernel wins on CUDA, and on a
-CPU from about :data:`FUSED_MIN_TOKENS` tokens on (below that its per-head overhead dominates).
-``fused=None`` (the default) picks accordingly, with or without a learned ``bias`` (the
-relative positions of chapter 6); under ``torch.compile`` it takes NI eq. 7 as written, whose
-element-wise work Inductor fuses itself. Both paths run on streams stored function-major
+Which path is faster depends on the number of tokens and on the machine: the fused kernel wins
+on CUDA, and on a CPU from some number of tokens on (below it its per-head overhead dominates),
+a crossover that moves with the CPU's matrix-product rate and with a learned ``bias`` (the
+relative positions of chapter 6). ``fused=None`` (the default) therefore has both paths timed
+at the first call of each shape, in another process, and keeps the faster
+(:mod:`modnets.nn.autotune`, cached on the machine; :meth:`ModAttn.takes_fused` says which);
+under ``torch.compile`` it takes NI eq. 7 as written, whose element-wise work Inductor fuses
+itself. Both paths run on streams stored function-major
 (:meth:`ModAttn.per_function`, what a LOC calls), where each function's rows are one block of
 its products and no element-wise kernel between them reads or writes a transposed layout.
 Chapter 12 measures all of it (``python -m bench
@@ -41,13 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modnets.nn import autotune
 from modnets.nn.config import fused_attn
 from modnets.nn.modulated import ModLin, functions_linear, streams_linear
 
 __all__ = ["FUSED_ALIGN", "FUSED_MIN_TOKENS", "ModAttn", "check_streams"]
 
-#: On a CPU, ``fused=None`` uses the fused kernel from this many tokens on (chapter 12 measures
-#: where the two paths cross).
+#: On a CPU, the path ``fused=None`` keeps unless a measurement at the shape finds the other
+#: faster: fused from this many tokens on (where the two cross on the machine chapter 12 was
+#: first measured on; a machine with faster matrix products moves the crossover).
 FUSED_MIN_TOKENS = 64
 
 
@@ -95,8 +100,8 @@ class ModAttn(nn.Module):
         fused: ``True``: the forward pass through ``F.scaled_dot_product_attention``;
             ``False``: through the lines of :meth:`attention_weights` (the readable NI eq. 7,
             the ``U B H T^2`` weights in memory); ``None`` (default): the library's switch
-            (:func:`modnets.nn.config.set_fused_attn`), which by default picks whichever is
-            faster here (see the module's docstring).
+            (:func:`modnets.nn.config.set_fused_attn`), which by default takes whichever a
+            measurement at the shape found faster here (:meth:`takes_fused`).
 
     Shapes:
         x ``(B, U, T, d)`` (token ``i`` as seen by function ``u``), codes ``(U, d_code)``,
@@ -206,15 +211,37 @@ class ModAttn(nn.Module):
         if bias is not None and bias.shape not in ((U, H, T, T), (1, H, T, T)):
             raise ValueError(f"bias must have shape ({U}, {H}, {T}, {T}), got {tuple(bias.shape)}")
         codes = codes.expand(U, -1)
-        fused = fused_attn() if self._fused is None else self._fused
-        if fused is None:  # the faster path here (see the module's docstring)
-            fused = x.device.type == "cuda" or T >= FUSED_MIN_TOKENS
-            fused = fused and not torch.compiler.is_compiling()
+        return self._path(self.takes_fused(x, codes, C, bias), x, codes, C, bias)
+
+    def _path(self, fused: bool, x: Tensor, codes: Tensor, C: Tensor, bias: Tensor | None):
         if not fused:
             w, v = self._per_function_eq7(x, codes, C, bias)
             mixed = torch.einsum("ubhij,ubjhc->ubihc", w, v).flatten(-2)  # heads into channels
             return self.out.per_function(mixed, codes)
         return self._fused_attention(x.transpose(0, 1), codes, C.transpose(0, 1), bias)
+
+    def takes_fused(self, x: Tensor, codes: Tensor, C: Tensor, bias: Tensor | None = None) -> bool:
+        """Whether :meth:`per_function` takes the fused path for these function-major inputs:
+        this ModAttn's ``fused``, else the library's switch, else the faster path here -- fused
+        on CUDA, NI eq. 7 under ``torch.compile`` (Inductor fuses its element-wise work), and on
+        a CPU whichever a measurement at this shape chose (:mod:`modnets.nn.autotune`, in
+        another process; without one, fused from :data:`FUSED_MIN_TOKENS` tokens on)."""
+        fused = fused_attn() if self._fused is None else self._fused
+        if fused is not None:
+            return fused
+        if torch.compiler.is_compiling():
+            return False
+        if x.device.type == "cuda":
+            return True
+        U, B, T, d = x.shape
+        shape = dict(U=U, B=B, T=T, dim=d, code_dim=self.code_dim, num_heads=self.num_heads)
+        shape |= dict(qk_bias=self.query.bias is not None, bias=bias is not None)
+        shape |= dict(dtype=str(x.dtype).removeprefix("torch."), grad=torch.is_grad_enabled())
+        threads = torch.get_num_threads()
+        key = "ModAttn " + " ".join(f"{k}={v}" for k, v in shape.items()) + f" threads={threads}"
+        timing = autotune.Measurement("modnets.nn.modattn:time_paths", shape, threads)
+        default = "fused" if T >= FUSED_MIN_TOKENS else "eq7"
+        return autotune.choose(key, timing, ("fused", "eq7"), default) == "fused"
 
     def _fused_attention(
         self, x: Tensor, codes: Tensor, compat: Tensor, bias: Tensor | None
@@ -243,3 +270,27 @@ class ModAttn(nn.Module):
         # heads into channels, written function-major: the out ModLin reads it without a copy
         mixed = mixed.permute(1, 0, 3, 2, 4).reshape(U, B, T, self.dim)
         return self.out.per_function(mixed, codes)
+
+
+def time_paths(
+    U: int, B: int, T: int, dim: int, code_dim: int, num_heads: int, **case
+) -> dict[str, float]:
+    """Seconds of each path of a ModAttn at a shape (forward, and backward where ``grad``), on
+    random inputs: what :meth:`ModAttn.takes_fused` has another process measure. ``case``:
+    ``qk_bias``, ``bias`` (a learned one or none), ``dtype`` (a name) and ``grad``."""
+    dtype, grad = getattr(torch, case["dtype"]), case["grad"]
+    attn = ModAttn(dim, code_dim, num_heads, qk_bias=case["qk_bias"]).to(dtype)
+    x, C = torch.randn(U, B, T, dim, dtype=dtype), torch.rand(U, B, T, dtype=dtype)
+    codes = torch.randn(U, code_dim, dtype=dtype)
+    bias = torch.randn(U, num_heads, T, T, dtype=dtype) if case["bias"] else None
+    inputs = [t for t in (x, bias) if t is not None]
+    for t in inputs:
+        t.requires_grad_(grad)
+
+    def run(fused: bool) -> None:
+        with torch.set_grad_enabled(grad):
+            out = attn._path(fused, x, codes, C, bias)
+            if grad:
+                torch.autograd.grad(out.float().sum(), [*inputs, *attn.parameters()])
+
+    return autotune.fastest_calls({"fused": lambda: run(True), "eq7": lambda: run(False)})
