@@ -417,6 +417,7 @@ def test_autotune_keeps_the_default_unless_another_path_wins_by_the_margin(tmp_p
     assert autotune.choice("b") == "y" and autotune.choice("c") is None
     with pytest.raises(ValueError, match="default"):
         autotune.choose("c", timing, ("x",), default="z")
+
     # another process measured "f" while this one did: its choice, stored first, holds
     def measured_elsewhere(measurement):
         autotune.cache_path().write_text('{"f": "y"}')
