@@ -235,9 +235,9 @@ print(benchmarks.format_result(r))
 # it won in this run. With a learned bias torch's fused CPU kernel cannot give the bias its
 # gradient, so the fused path runs torch's math kernel, which keeps the weights; it is compared
 # the same way. On a CPU `fused=None` has both paths timed at the first call of each shape (in
-# another process) and keeps the faster (the squares mark where it took the fused kernel; elsewhere NI eq. 7), so the
-# crossover it uses is this machine's, not a number fixed on ours; on a GPU it always uses the
-# fused kernel. Where the curves cross also depends on how the C library's `malloc`
+# another process) and keeps the faster (the squares mark where it took the fused kernel;
+# elsewhere NI eq. 7), so the crossover it uses is this machine's, not a number fixed on ours;
+# on a GPU it always uses the fused kernel. Where the curves cross also depends on how the C library's `malloc`
 # serves NI eq. 7's multi-megabyte weights (fresh pages or reused ones), which is why it moves
 # from one process to the next (`ModAttn`'s docstring gives numbers). A whole NI training step at the experiments' configurations, both
 # ways, and against a plain pre-LN transformer (`nn.TransformerEncoder`) doing the same attention and

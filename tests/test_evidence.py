@@ -393,3 +393,28 @@ def test_a_papers_other_complete_records_are_found_and_no_others(tmp_path):
     assert [r.plan.experiment for r in found] == ["fuzzy_boolean"]
     assert evidence_report.paper_records(get("fuzzy_boolean"), "cpu", tmp_path) == []
     assert evidence_report.paper_records(get("tiny_imagenet"), "cpu", tmp_path) == []
+
+
+def test_a_witness_counts_only_when_equal_to_its_record_bit_for_bit():
+    """Renewal's comparison: the clock's readings aside, every value equal; a number one float32
+    ulp apart, or any other value changed, is another measurement."""
+    from modnets.experiments.core.renewal import same_measurement
+
+    record = {
+        "config": {"epochs": 3},
+        "selection_seeds": [100],
+        "models": {"all": {"per_seed": [{"mean_r2": 0.9627459645271301, "seconds": 4.0}]}},
+        "diagnostics": {"shift": [0.005804862827062607, float("nan")]},
+    }
+
+    def changed(key, value):
+        out = json.loads(json.dumps(record))
+        out["models"]["all"]["per_seed"][0][key] = value
+        return out
+
+    assert same_measurement(record, json.loads(json.dumps(record)))
+    assert same_measurement(record, changed("seconds", 5.5))  # the clock's reading
+    assert not same_measurement(record, changed("mean_r2", 0.9627460241317749))  # one ulp
+    other = json.loads(json.dumps(record))
+    other["selection_seeds"] = [101]
+    assert not same_measurement(record, other)
