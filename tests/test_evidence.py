@@ -132,6 +132,19 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
         assert _without_provenance(after.results[name]) == _without_provenance(before.results[name])
     assert renewal.problems([toy], tmp_path) == []
 
+    # the profile's settings changed (here how many routing points are summarised): every record
+    # is stale, the setting named; a setting the sweep chooses may differ from the profile's
+    smoke = toy.configs["smoke"]
+    replace = dataclasses.replace
+    changed = replace(smoke, routing_points=smoke.routing_points + 1)
+    moved = replace(toy, configs={**toy.configs, "smoke": changed})
+    found = renewal.problems([moved], tmp_path)
+    assert len(found) == len(list(folder.glob("seed-*.json")))
+    assert all(p.stale and "routing_points" in p.reason and "--renew" in str(p) for p in found)
+    other_train = replace(smoke.train, finetune_lrs=(*smoke.train.finetune_lrs, 1e-4))
+    swept = replace(toy, configs={**toy.configs, "smoke": replace(smoke, train=other_train)})
+    assert "train" in toy.selected_settings and renewal.problems([swept], tmp_path) == []
+
     # a chapter shows the complete record's claim seeds and trains the first again, checked
     book = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path)
     assert book.recorded and book.results["seeds"] == plan.seeds["claim"]

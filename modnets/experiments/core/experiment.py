@@ -104,6 +104,7 @@ OPTIONAL_PARTS = {
     "ZERO_GRAD_AT_INIT": "zero_grad_at_init",
     "GPU_COMMAND": "gpu_command",
     "train_seeds": "train_seeds",
+    "SELECTED_SETTINGS": "selected_settings",
 }
 
 
@@ -122,7 +123,9 @@ class Experiment:
     not the plain one. ``train_seeds(config, options)``: trains the models of all of
     ``config``'s seeds into the checkpoints ``measure`` loads, side by side in
     ``options.workers`` processes (an evidence run calls it with a whole seed set, then measures
-    seed by seed); for an experiment whose seeds train best beside each other's."""
+    seed by seed); for an experiment whose seeds train best beside each other's.
+    ``selected_settings``: the configuration fields ``measure`` chooses on the selection seeds,
+    so that a seed record's may differ from its profile's (the others must not)."""
 
     name: str
     title: str
@@ -142,6 +145,7 @@ class Experiment:
     zero_grad_at_init: Mapping[str, str] = field(default_factory=dict)
     gpu_command: str = ""
     train_seeds: Callable[[Any, RunOptions], None] | None = None
+    selected_settings: tuple[str, ...] = ()
 
     def __post_init__(self):
         missing = [p for p in ("smoke", "cpu", "gpu") if p not in self.configs]

@@ -1,7 +1,8 @@
 """Records that no longer stand, and how they are made to stand again.
 
 A seed record (:mod:`modnets.experiments.core.evidence`) is sealed, so an edited number is
-caught, and it names the code it was made with, so a record made by other code is stale.
+caught, and it names the code and holds the settings it was made with, so a record made by
+other code, or with other settings than its profile's now, is stale.
 :func:`problems` names both, with the command that renews them. :func:`renew` measures one stale
 seed again, the witness: where the code as it is now measures it exactly as its record says, on
 a machine like the record's, the change did not move what such a machine measures, and the
@@ -19,6 +20,7 @@ from pathlib import Path
 from modnets.experiments.core.evidence import (
     CLOCK_KEYS,
     RECORDS,
+    configured,
     measure_seed,
     measurement_fingerprint,
     read_plan,
@@ -26,7 +28,7 @@ from modnets.experiments.core.evidence import (
     write_seed,
 )
 from modnets.experiments.core.experiment import Experiment
-from modnets.experiments.core.fingerprints import code_fingerprint
+from modnets.experiments.core.fingerprints import code_fingerprint, plain
 from modnets.experiments.core.options import RunOptions, resolved
 
 __all__ = ["Problem", "problems", "same_measurement", "Renewal", "renew"]
@@ -71,10 +73,11 @@ def problems(
                     out.append(Problem(path / "plan.json", edited, renew))
             for seed_file in sorted(path.glob("seed-*.json")):
                 try:
-                    made = read_seed(seed_file)["provenance"]
+                    record = read_seed(seed_file)
                 except ValueError:
                     out.append(Problem(seed_file, edited, renew))
                     continue
+                made = record["provenance"]
                 for what, now, then in (
                     ("training code", train, made["code_fingerprint"]),
                     ("measurement code", measurement, made.get("measurement_fingerprint")),
@@ -82,7 +85,23 @@ def problems(
                     if now is not None and then != now:
                         reason = f"made with {what} {then}, the code is now {now} (stale)"
                         out.append(Problem(seed_file, reason, renew, stale=True))
+                # a profile's settings are code too: a record of other settings is stale
+                changed = _changed_settings(experiment, path.parent.name, record)
+                if changed:
+                    reason = f"made with other settings than the profile's now ({changed}; stale)"
+                    out.append(Problem(seed_file, reason, renew, stale=True))
     return out
+
+
+def _changed_settings(experiment: Experiment, profile: str, record: dict) -> str:
+    """The settings (top-level configuration fields, but the seeds and those ``measure`` chooses
+    on the selection seeds) in which ``record`` differs from ``experiment``'s configuration at
+    ``profile`` now; empty where none does."""
+    now = plain(configured(experiment, profile, [record["seed"]]))
+    then = record["config"]
+    skip = {"seeds", *experiment.selected_settings}
+    fields = [k for k in dict.fromkeys([*then, *now]) if k not in skip]
+    return ", ".join(k for k in fields if then.get(k) != now.get(k))
 
 
 #: What a seed record measured (its provenance aside), compared when a witness is measured again.

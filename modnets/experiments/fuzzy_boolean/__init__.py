@@ -88,6 +88,7 @@ __all__ = [
     "EXPERIMENT",
     "FAMILIES",
     "FINETUNINGS",
+    "SELECTED_SETTINGS",
     "FINETUNING_NAMES",
     "FuzzyBooleanConfig",
     "FuzzyBooleanSweep",
@@ -131,6 +132,9 @@ __all__ = [
     "trained_models",
     "unswept",
 ]
+
+#: What ``measure`` chooses on the selection seed (the routing sweep picks the training settings).
+SELECTED_SETTINGS = ("train",)
 
 #: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
 EXPERIMENT = Experiment.from_namespace(globals())
