@@ -140,8 +140,12 @@ results = {name: measured[name] for name in benchmarks.BENCHMARKS}
 # ## 1. Modulated layers against `nn.Linear`
 #
 # A ModLin computes `W (x * m(c)) + b`: one extra element-wise product (and a small LayerNorm of
-# `W_c c`, once per code). Forward + backward, relative to `nn.Linear` on the same input, for two generic layouts and every
-# shape the experiments at this profile train (chapters 5, 6 and 10):
+# `W_c c`, once per code). Forward + backward, relative to `nn.Linear` on the same input, for two
+# generic layouts and every shape the experiments at this profile train (chapters 5, 6 and 10).
+# A ModLin is timed as the NI's LOC calls it: on streams stored function-major, `(U, B, T, d)`,
+# one code per function, so the modulation scales each function's weights (`W diag(m_u)`, a
+# few thousand numbers) instead of every row of `x`. A ModFC has a code per module and row
+# block, so it multiplies the input itself:
 
 # %% tags=["hide-input"]
 r = results["modulated"]
@@ -197,7 +201,9 @@ plt.tight_layout()
 # `F.scaled_dot_product_attention` can compute it without the `(B, U, H, T, T)` weights. Whether
 # that is faster depends on the number of tokens $T$. Below, one ModAttn forward + backward with
 # $B \cdot U \cdot T$ held fixed, fused against NI eq. 7 as written, without and with a learned
-# `(U, H, T, T)` bias on the logits (chapter 6's relative positions):
+# `(U, H, T, T)` bias on the logits (chapter 6's relative positions), on streams stored
+# function-major as the LOC keeps them (the two paths read memory in different orders, so the
+# layout moves the crossover):
 
 # %% tags=["hide-input"]
 r = results["modattn_tokens"]

@@ -55,15 +55,31 @@ def _modulated_shapes(cfg: BenchConfig) -> list[tuple[str, str, tuple, tuple, in
     return shapes
 
 
+class _PerFunction(nn.Module):
+    """A ModLin on function-major streams (:meth:`ModLin.per_function`), as the LOC calls it, as
+    a module ``torch.compile`` can take."""
+
+    def __init__(self, layer: ModLin):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, codes):
+        return self.layer.per_function(x, codes)
+
+
 def bench_modulated(cfg: BenchConfig, device) -> dict:
     """ModLin / ModFC vs ``nn.Linear`` of the same shape, forward + backward (target: overhead
-    <= 1.3x on every shape, the experiments' included)."""
+    <= 1.3x on every shape, the experiments' included). A ModLin is timed as the NI calls it:
+    on streams stored function-major, ``(U, B, T, d)``, one code per function."""
     rows, worst = [], 0.0
     for label, kind, shape, code_shape, d_out, d_code in _modulated_shapes(cfg):
         d = shape[-1]
+        if kind == "ModLin":  # (B, U, T, d) -> (U, B, T, d); codes (U, 1, d_code) -> (U, d_code)
+            shape, code_shape = (shape[1], shape[0], *shape[2:]), (code_shape[0], d_code)
         x = torch.randn(*shape, device=device, requires_grad=True)
         codes = torch.randn(*code_shape, device=device)
-        layer = (ModLin if kind == "ModLin" else ModFC)(d, d_out, d_code).to(device)
+        layer = ModLin(d, d_out, d_code) if kind == "ModLin" else ModFC(d, d_out, d_code)
+        layer = (_PerFunction(layer) if kind == "ModLin" else layer).to(device)
         layer, linear = compiled_side(cfg, layer, nn.Linear(d, d_out).to(device))
         calls = {"nn.Linear": lambda: linear(x), kind: lambda: layer(x, codes)}
         times = interleaved_times(
