@@ -422,3 +422,24 @@ def test_operator_classes_put_a_step_s_time_where_its_operators_run():
 def test_every_benchmark_says_where_its_target_holds():
     assert set(b.HOLDS) == set(b.BENCHMARKS) - {"graph_prior"}
     assert set(b.HOLDS.values()) == {"anywhere", "the matmul rate", "this machine's ceiling"}
+
+
+def test_the_recorded_runs_were_timed_on_the_code_as_it_is():
+    """Chapter 12 reads its slowest rows from recorded runs: each row carries the fingerprint of
+    the code it timed and the run its machine's capability and matrix-product rate; a row timed
+    on other code fails here, naming the command that records it again."""
+    from pathlib import Path
+
+    recorded = Path(__file__).parents[1] / "bench" / "recorded"
+    runs = {p: json.loads(p.read_text()) for p in sorted(recorded.glob("cpu*.json"))}
+    assert runs
+    for path, run in runs.items():
+        assert run["capability"] and run["matmul_gflops"] > 0, path.name
+    stale = [
+        f"{name} in {path.name}: python -m bench --profile cpu --only {' '.join(run['results'])} "
+        f"--out bench/recorded/{path.name}"
+        for path, run in runs.items()
+        for name, res in run["results"].items()
+        if res.get("code_fingerprint") != b.benchmark_fingerprint(name)
+    ]
+    assert not stale, "recorded on other code; record again:\n" + "\n".join(stale)
