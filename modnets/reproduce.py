@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
             record = evidence.evidence(experiment, args.profile, options, root=args.records)
+        except evidence.PilotOutsideRegime as e:
+            sys.exit(str(e))
         except KeyboardInterrupt:
             sys.exit(
                 "\nstopped: the seeds recorded so far and the trainings' saved steps are kept; run "

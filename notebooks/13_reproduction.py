@@ -188,7 +188,8 @@ report.claims_table(side, "ours")
 # verdict should be decided:
 #
 # 1. a pilot on three seeds that are never claim seeds measures the spread of each claim's
-#    tested quantity;
+#    tested quantity, and must reach the experiment's regime: a pilot outside it stops the run
+#    before any claim seed, since its claims would not be testable;
 # 2. from that spread, the number of seeds $n$ at which each paper claim would see the paper's
 #    effect with 80 % power; the plan takes the largest (at least 4, at most 12) and fixes it,
 #    with two disjoint sets of $n$ seeds, before either runs;

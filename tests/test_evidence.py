@@ -158,6 +158,24 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert bare.sentence().startswith("No complete evidence record")
 
 
+def test_a_pilot_outside_its_regime_declares_no_plan(tmp_path, monkeypatch):
+    # at a profile that decides, a pilot that misses the regime stops the run before the plan:
+    # its claim seeds would test nothing
+    toy = get("fuzzy_boolean")
+    monkeypatch.setattr(evidence, "GATED_PROFILES", ("smoke",))
+
+    def missed(results):
+        return {**toy.regime(results), "reached": False, "shortfall": "a bar missed"}
+
+    gated = dataclasses.replace(toy, regime=missed)
+    with pytest.raises(evidence.PilotOutsideRegime, match="a bar missed"):
+        evidence.evidence(gated, "smoke", QUIET, root=tmp_path)
+    folder = evidence.record_folder(toy.name, "smoke", tmp_path)
+    assert not (folder / "plan.json").exists()
+    pilots = sorted(p.name for p in folder.glob("seed-*.json"))
+    assert pilots == sorted(f"seed-{s}.json" for s in evidence.PILOT_SEEDS)
+
+
 def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_path, monkeypatch):
     """Where an experiment declares ``train_seeds``, the evidence run hands it every seed of a
     set still to measure (in the run's own checkpoints, with the workers resolved) before it

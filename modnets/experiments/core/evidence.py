@@ -54,6 +54,8 @@ __all__ = [
     "CAP",
     "REPLICATION_START",
     "SETS",
+    "GATED_PROFILES",
+    "PilotOutsideRegime",
     "Plan",
     "Agreement",
     "Record",
@@ -85,6 +87,9 @@ CAP = 12
 REPLICATION_START = 1000
 #: The two seed sets of a plan.
 SETS = ("claim", "replication")
+#: The profiles whose pilot must reach the regime before a plan is declared (``smoke`` proves
+#: code paths and decides nothing).
+GATED_PROFILES = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -380,6 +385,11 @@ def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     return [read_seed(seed_path(folder, s)) for s in seeds]
 
 
+class PilotOutsideRegime(RuntimeError):
+    """The pilot seeds miss the regime the claims presuppose: a plan made from them would spend
+    its claim seeds on claims that are not testable here."""
+
+
 def evidence(
     experiment: Experiment,
     profile: str,
@@ -389,7 +399,9 @@ def evidence(
     **flags,
 ) -> Record:
     """Run (or go on with) ``experiment``'s evidence at ``profile``: the pilot, the plan (kept
-    once written), both seed sets; the :class:`Record`."""
+    once written), both seed sets; the :class:`Record`. At a profile that decides
+    (:data:`GATED_PROFILES`), a pilot that misses the regime stops the run before the plan
+    (:class:`PilotOutsideRegime`)."""
     options = resolved(options, flags)
     folder = record_folder(experiment.name, profile, root)
     plan_path = folder / "plan.json"
@@ -398,6 +410,14 @@ def evidence(
             experiment, profile, PILOT_SEEDS, folder=folder, options=options, desc="pilot"
         )
         pilot = combine(experiment, pilots)
+        regime = pilot["regime"]
+        if profile in GATED_PROFILES and not regime["reached"]:
+            raise PilotOutsideRegime(
+                f"{experiment.name} at {profile}: the pilot seeds {PILOT_SEEDS} miss the regime "
+                f"the claims presuppose ({regime['shortfall']}); no plan is declared and no "
+                "claim seed runs. Change the profile (and log why in chapter 13's rule log), "
+                f"then run again: the pilot's records in {folder} are then stale."
+            )
         plan = dataclasses.asdict(plan_from_pilot(pilot))
         with atomic_file(plan_path) as tmp:
             tmp.write_text(json.dumps({**plan, "seal": seal(plan)}, indent=1) + "\n")
