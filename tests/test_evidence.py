@@ -143,7 +143,12 @@ def test_an_evidence_run_plans_by_power_before_its_claim_seeds_then_runs_both_se
     assert all(p.stale and "routing_points" in p.reason and "--renew" in str(p) for p in found)
     other_train = replace(smoke.train, finetune_lrs=(*smoke.train.finetune_lrs, 1e-4))
     swept = replace(toy, configs={**toy.configs, "smoke": replace(smoke, train=other_train)})
-    assert "train" in toy.selected_settings and renewal.problems([swept], tmp_path) == []
+    assert renewal.problems([swept], tmp_path) == []
+    # ... but a training setting the sweep does not choose may not
+    more = replace(smoke.train, points_per_function=smoke.train.points_per_function + 1)
+    unswept = replace(toy, configs={**toy.configs, "smoke": replace(smoke, train=more)})
+    found = renewal.problems([unswept], tmp_path)
+    assert found and all(p.stale and "train" in p.reason for p in found)
 
     # a chapter shows the complete record's claim seeds and trains the first again, checked
     book = evidence_report.book_results(toy, "smoke", QUIET, root=tmp_path)

@@ -124,8 +124,9 @@ class Experiment:
     ``config``'s seeds into the checkpoints ``measure`` loads, side by side in
     ``options.workers`` processes (an evidence run calls it with a whole seed set, then measures
     seed by seed); for an experiment whose seeds train best beside each other's.
-    ``selected_settings``: the configuration fields ``measure`` chooses on the selection seeds,
-    so that a seed record's may differ from its profile's (the others must not)."""
+    ``selected_settings``: the configuration fields ``measure`` chooses on the selection seeds
+    (a field, or a dotted path into one: ``"train.model.type_dim"``), so that a seed record's
+    may differ from its profile's there (and nowhere else)."""
 
     name: str
     title: str

@@ -12,6 +12,7 @@ provenance); otherwise they are measured again.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,13 +95,20 @@ def problems(
 
 
 def _changed_settings(experiment: Experiment, profile: str, record: dict) -> str:
-    """The settings (top-level configuration fields, but the seeds and those ``measure`` chooses
-    on the selection seeds) in which ``record`` differs from ``experiment``'s configuration at
-    ``profile`` now; empty where none does."""
+    """The settings (top-level configuration fields, but the seeds) in which ``record`` differs
+    from ``experiment``'s configuration at ``profile`` now, leaving out what ``measure`` chooses
+    on the selection seeds (its ``selected_settings``: a field, or a dotted path into one);
+    empty where none differs."""
     now = plain(configured(experiment, profile, [record["seed"]]))
-    then = record["config"]
-    skip = {"seeds", *experiment.selected_settings}
-    fields = [k for k in dict.fromkeys([*then, *now]) if k not in skip]
+    then = copy.deepcopy(record["config"])
+    for path in ("seeds", *experiment.selected_settings):
+        *parents, leaf = path.split(".")
+        for config in (now, then):
+            for key in parents:
+                config = config.get(key) if isinstance(config, dict) else None
+            if isinstance(config, dict):
+                config.pop(leaf, None)
+    fields = dict.fromkeys([*then, *now])
     return ", ".join(k for k in fields if then.get(k) != now.get(k))
 
 

@@ -133,8 +133,10 @@ __all__ = [
     "unswept",
 ]
 
-#: What ``measure`` chooses on the selection seed (the routing sweep picks the training settings).
-SELECTED_SETTINGS = ("train",)
+#: What ``measure`` chooses on the selection seed: the routing sweep's model settings and the
+#: fine-tuning rates (each seed's record holds the chosen ones; the rest of ``train`` is the
+#: profile's).
+SELECTED_SETTINGS = ("train.finetune_lrs", *(f"train.model.{key}" for key in SWEPT))
 
 #: The experiment as the shared machinery sees it (modnets.experiments.core.experiment).
 EXPERIMENT = Experiment.from_namespace(globals())
