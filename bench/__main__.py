@@ -171,6 +171,16 @@ def _machine() -> str:
 SLOW_GEMM = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+def slow_gemm_choices() -> Path:
+    """Where a run with ``--slow-gemm`` keeps ModAttn's measured paths: beside the machine's own
+    choices (:func:`modnets.nn.autotune.cache_path`), not among them, since a crossover measured
+    with the matrix products capped is not the machine's."""
+    from modnets.nn.autotune import cache_path
+
+    default = cache_path()
+    return default.with_name(f"{default.stem}-slow-gemm{default.suffix}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
@@ -196,8 +206,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.slow_gemm and os.environ.get("ONEDNN_MAX_CPU_ISA") != SLOW_GEMM["ONEDNN_MAX_CPU_ISA"]:
-        # the libraries read their instruction set once, as torch loads: start again with it set
+        # the libraries read their instruction set once, as torch loads: start again with it set,
+        # and with ModAttn(fused=None)'s choices measured and kept apart (another crossover)
         os.environ.update(SLOW_GEMM)
+        os.environ.setdefault("MODNETS_AUTOTUNE", str(slow_gemm_choices()))
         os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
     profile = get_profile(args.profile)
     if args.compare:

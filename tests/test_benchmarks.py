@@ -391,7 +391,7 @@ def test_seed_workers_compares_one_process_with_one_single_threaded_process_per_
 
 
 def test_gemm_time_counts_the_matrix_products_and_nothing_else():
-    from modnets.benchmarks import gemm
+    from modnets.benchmarks import profiling as gemm
 
     a = torch.randn(64, 64)
     conv = torch.nn.Conv2d(1, 2, 3)
@@ -443,3 +443,56 @@ def test_the_recorded_runs_were_timed_on_the_code_as_it_is():
         if res.get("code_fingerprint") != b.benchmark_fingerprint(name)
     ]
     assert not stale, "recorded on other code; record again:\n" + "\n".join(stale)
+
+
+def test_the_timings_keep_freed_memory_where_glibc_allows(monkeypatch):
+    """The suite sets glibc's trim and mmap thresholds (where it is glibc), and the processes it
+    starts read them from the environment; glibc refuses a value out of its range, which would
+    read False here."""
+    import os
+    import platform
+
+    from modnets.benchmarks.core import _MALLOPT, keep_freed_memory
+
+    for _, variable in _MALLOPT.values():  # absent, and as they were after the test
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is glibc
+    assert all((variable in os.environ) is glibc for _, variable in _MALLOPT.values())
+
+
+def test_a_target_is_held_on_the_way_the_experiments_train():
+    """Eager, then compiled where the experiments compile (not at smoke, not without a
+    compiler); the target reads the last way's rows, the note every way's."""
+    from dataclasses import replace
+
+    from modnets.benchmarks.core import as_trained, held_on
+    from modnets.training import compiler_available
+
+    cfg = b.CONFIGS["cpu"]
+    assert list(as_trained(b.CONFIGS["smoke"], "cpu")) == ["eager"]
+    ways = as_trained(cfg, "cpu")
+    assert list(ways) == ["eager", "compiled"][: 1 + compiler_available("cpu")]
+    assert ways[list(ways)[-1]].compile is compiler_available("cpu")
+    assert list(as_trained(replace(cfg, compile=True), "cpu")) == ["compiled"]
+    rows = [
+        {"step": "eager", "r": 2.0},
+        {"step": "compiled", "r": 1.1},
+        {"step": "compiled", "r": 1.2},
+    ]
+    worst, way, note = held_on(rows, "r")
+    assert (worst, way) == (1.2, "compiled") and "eager 2.00x" in note
+
+
+def test_a_slow_gemm_run_keeps_its_measured_paths_apart(tmp_path, monkeypatch):
+    """A crossover measured with the matrix products capped is not the machine's: ``python -m
+    bench --slow-gemm`` keeps ModAttn's choices in a file beside the machine's, not in it."""
+    import importlib
+
+    from modnets.nn import autotune
+
+    main = importlib.import_module("bench.__main__")
+    monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "autotune.json"))
+    apart = main.slow_gemm_choices()
+    assert apart != autotune.cache_path() and apart.parent == autotune.cache_path().parent

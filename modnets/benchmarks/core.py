@@ -3,10 +3,14 @@ FLOP counting, and the result a benchmark returns."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
+import os
+import sys
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +59,9 @@ class BenchConfig:
     # VARIANT_BENCHMARKS under bf16 autocast, and every timed model torch.compile'd
     precision: str = "float32"
     compile: bool = False
+    # the targets that depend on the matmul rate are held on the steps as the experiments train
+    # them: compiled, where a compiler is (eager is timed beside them, as a diagnostic)
+    compile_as_trained: bool = True
 
 
 TABLE4 = dict(
@@ -117,8 +124,12 @@ CONFIGS = {
         matmul_size=128,
         many_modules=64,
         many_batch=2,
+        # compiling takes minutes; smoke proves the code path eager
+        compile_as_trained=False,
     ),
-    "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096)),
+    # five rounds: on a shared CPU one run's worst ratio moves by about 0.1 from run to run,
+    # as much as some ratios lie below their targets; each side keeps its fastest round
+    "cpu": BenchConfig(nac=MID, tokens=(64, 256, 1024, 4096), rounds=5),
     "gpu": BenchConfig(
         repeats=10,
         warmup=3,
@@ -132,6 +143,34 @@ CONFIGS = {
         many_batch=8,
     ),
 }
+
+
+#: glibc's ``mallopt`` parameters (``malloc.h``), with what :func:`keep_freed_memory` sets and
+#: the environment variable glibc reads each from as a process starts: freed memory returns to
+#: the OS only past 1 GiB at the heap's top, and blocks up to 32 MiB (the most glibc allows)
+#: come from the heap, not from a fresh ``mmap`` each.
+_MALLOPT = {-1: (1 << 30, "MALLOC_TRIM_THRESHOLD_"), -3: (1 << 25, "MALLOC_MMAP_THRESHOLD_")}
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep the memory this process frees for its next allocations, and the processes
+    it starts too (the measurement behind ``ModAttn(fused=None)`` runs in one); whether it
+    applied here (glibc only). A timing should see the kernels, not the allocator: a process
+    that frees all it allocated each call otherwise hands every freed block of more than a few
+    MiB back to the OS and faults its pages in again on the next call, which made the same NI
+    eq. 7 attention at 64 tokens take 18 ms in one process and 27-31 ms in a fresh one. For the
+    benchmarks only: the experiments leave the allocator alone (where a tensor is placed may
+    round a last bit otherwise)."""
+    name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux") or name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    for value, variable in _MALLOPT.values():
+        os.environ.setdefault(variable, str(value))
+    return all(mallopt(param, value) == 1 for param, (value, _) in _MALLOPT.items())
 
 
 def fit_exponent(xs, ys) -> float:
@@ -190,6 +229,42 @@ def compiled_side(cfg: BenchConfig, *models):
         torch._dynamo.reset()
         models = tuple(torch.compile(m) for m in models)
     return models if len(models) > 1 else models[0]
+
+
+def as_trained(cfg: BenchConfig, device) -> dict[str, BenchConfig]:
+    """How to time a benchmark whose target depends on the matmul rate (``HOLDS``): ``"eager"``,
+    then ``"compiled"`` (as the experiments train their steps) when ``cfg.compile_as_trained``
+    and Inductor builds kernels on ``device``. The target is held on the last; with
+    ``cfg.compile`` set (the ``--compile`` variant) there is one way, compiled."""
+    from modnets.training import compiler_available
+
+    if cfg.compile:
+        return {"compiled": cfg}
+    ways = {"eager": cfg}
+    if cfg.compile_as_trained and compiler_available(device):
+        ways["compiled"] = replace(cfg, compile=True)
+    return ways
+
+
+def held_on(rows: list[dict], key: str) -> tuple[float, str, str]:
+    """The worst (largest) ``key`` over the rows timed the last way (their ``"step"``,
+    :func:`as_trained`), which the target is held on; that way; and a note with every way's."""
+    ways = list(dict.fromkeys(r["step"] for r in rows))
+    worst = {w: max(r[key] for r in rows if r["step"] == w) for w in ways}
+    note = "worst " + ", ".join(f"{w} {v:.2f}x" for w, v in worst.items())
+    return worst[ways[-1]], ways[-1], note
+
+
+class PerFunction(nn.Module):
+    """A layer's ``per_function`` (ModLin's, ModAttn's) on streams stored function-major,
+    ``(U, B, T, d)``, as the LOC calls it, as a module ``torch.compile`` can take."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args):
+        return self.layer.per_function(*args)
 
 
 def or_nan(cfg: BenchConfig, measure: Callable[[], float], row: dict) -> float:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OPERATOR_CLASSES", "classify", "operator_classes"]
+__all__ = ["GEMM_OPS", "OPERATOR_CLASSES", "classify", "gemm_time", "operator_classes"]
 
 #: Each class and the ATen operators (without ``aten::``) it holds; an operator in none is
 #: "other". In-place forms (``mul_``) count with their operator.
@@ -167,3 +169,48 @@ def operator_classes(fn: Callable[[], object], repeats: int = 3) -> dict[str, fl
         if event.key.startswith("aten::"):
             out[classify(event.key)] += event.self_cpu_time_total / 1e3 / repeats
     return out
+
+
+#: The operators that run a matrix product (BLAS / oneDNN, convolutions, the fused attention
+#: kernel), as the dispatcher names them: their time is what no compiler can remove from a step
+#: without changing its shapes.
+GEMM_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "convolution_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
+
+
+class _GemmClock(TorchDispatchMode):
+    """Times every call of :data:`GEMM_OPS` that reaches the dispatcher (backward included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.per_op: dict[str, float] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket.__name__
+        if name not in GEMM_OPS:
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.per_op[name] = self.per_op.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+
+def gemm_time(step: Callable[[], None], steps: int = 3) -> tuple[float, dict[str, float]]:
+    """Seconds per ``step`` spent inside :data:`GEMM_OPS` (after one warm-up step), and that
+    time per operator."""
+    step()
+    with _GemmClock() as clock:
+        for _ in range(steps):
+            step()
+    per_op = {k: t / steps for k, t in clock.per_op.items()}
+    return sum(per_op.values()), per_op
