@@ -272,8 +272,8 @@ print(benchmarks.format_result(r))
 # (`python -m bench --slow-gemm`, which caps the matrix products, keeps its own apart). Where
 # the curves cross also depends on how the C library's `malloc` serves NI eq. 7's
 # multi-megabyte weights: a process that hands every freed block back to the operating system
-# pays page faults on the next call, which made the same eq. 7 at 64 tokens take 18 ms in one
-# process and 27-31 ms in a fresh one. The suite therefore keeps freed memory in its processes,
+# pays page faults on the next call, which made the same NI eq. 7 at 64 tokens take 18 ms in
+# one process and 27-31 ms in a fresh one. The suite therefore keeps freed memory in its processes,
 # the measurements behind `fused=None` included (`benchmarks.keep_freed_memory`), so that they
 # time kernels, as a long training run meets them. Memory follows the choice: at a shape where
 # NI eq. 7 is taken nothing more is kept than NI eq. 7 keeps (the `ni_memory` row below).

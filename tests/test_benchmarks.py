@@ -489,9 +489,11 @@ def test_a_slow_gemm_run_keeps_its_measured_paths_apart(tmp_path, monkeypatch):
     """A crossover measured with the matrix products capped is not the machine's: ``python -m
     bench --slow-gemm`` keeps ModAttn's choices in a file beside the machine's, not in it."""
     import importlib
+    from pathlib import Path
 
     from modnets.nn import autotune
 
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # the repository's bench
     main = importlib.import_module("bench.__main__")
     monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "autotune.json"))
     apart = main.slow_gemm_choices()

@@ -155,8 +155,8 @@ def keep_freed_memory() -> bool:
     it starts too (the measurement behind ``ModAttn(fused=None)`` runs in one); whether it
     applied here (glibc only). A timing should see the kernels, not the allocator: a process
     that frees all it allocated each call otherwise hands every freed block of more than a few
-    MiB back to the OS and faults its pages in again on the next call, which made the same NI
-    eq. 7 attention at 64 tokens take 18 ms in one process and 27-31 ms in a fresh one. For the
+    MiB back to the OS and faults its pages in again on the next call, which made the same
+    attention (NI eq. 7, 64 tokens) take 18 ms in one process and 27-31 ms in a fresh one. For the
     benchmarks only: the experiments leave the allocator alone (where a tensor is placed may
     round a last bit otherwise)."""
     name = ctypes.util.find_library("c")
