@@ -14,7 +14,7 @@ codes. Perceiver IO trains beside them under the same recipe. Per seed: top-1, t
 ``P``, bandwidth); then each variant's paired difference from the default, and from Perceiver
 IO, with its 95 % t-interval. The results are a record for book/fidelity.md, not a claim::
 
-    python -m modnets.experiments.fidelity --profile cpu
+    python -m modnets.experiments.fidelity --profile cpu [--only VARIANT ...]
 
 writes ``bench/recorded/fidelity_tiny_imagenet_<profile>.json``.
 """
@@ -215,11 +215,21 @@ def tables(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _only_argument(parser) -> None:
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="VARIANT",
+        help="train these variants beside the default (e.g. --only 'public, all'); all by default",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = record_arguments(__doc__, argv)
+    args = record_arguments(__doc__, argv, extra=_only_argument)
     profile = get_profile(args.profile)
     path = args.out or Path("bench/recorded") / f"fidelity_tiny_imagenet_{profile}.json"
-    result = compare(profile, workers=args.workers)
+    result = compare(profile, workers=args.workers, only=args.only)
     save_results(result, path)
     for variant, d in result["minus_pio"].items():
         print(

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from modnets import distributed
@@ -39,14 +40,20 @@ def format_claims(results: dict) -> str:
     return "\n".join(lines)
 
 
-def record_arguments(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
+def record_arguments(
+    doc: str,
+    argv: list[str] | None = None,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """``--profile``, ``--workers`` and ``--out``: the command line of a measurement made once and
     recorded (a selection of learning rates, a fidelity comparison), described by ``doc``'s first
-    paragraph."""
+    paragraph; ``extra`` adds the measurement's own arguments."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default=None)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the record here")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args(argv)
 
 
