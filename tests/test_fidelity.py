@@ -2,6 +2,7 @@
 instead of modnets' default, and each test pins both behaviours."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -624,3 +625,23 @@ def test_the_page_shows_the_committed_fidelity_record():
     block = page.split("<!-- the record's tables")[1].split("<!-- end of the record's tables")[0]
     shown = [line for line in block.splitlines() if line.startswith("|")]
     assert shown == [line for line in tables(record).splitlines() if line.startswith("|")]
+
+
+def test_the_fidelity_command_writes_what_it_ran(monkeypatch, tmp_path):
+    """``python -m modnets.experiments.fidelity --only ...`` passes the variants on and writes
+    the comparison, which is a record of its own and not an experiment's results."""
+    from modnets.experiments import fidelity
+
+    seen = {}
+
+    def compare(profile, workers=None, only=None):
+        seen["only"] = only
+        row = {"mean": 0.01, "low": -0.01, "high": 0.03, "n": 2}
+        return {"minus_pio": {"modnets": row}, "minus_default": {}, "variants": {}}
+
+    monkeypatch.setattr(fidelity, "compare", compare)
+    monkeypatch.setattr(fidelity, "tables", lambda result: "")
+    out = tmp_path / "fidelity.json"
+    fidelity.main(["--profile", "smoke", "--only", "public, all", "--out", str(out)])
+    assert seen["only"] == ["public, all"]
+    assert json.loads(out.read_text())["minus_pio"]["modnets"]["n"] == 2

@@ -33,7 +33,7 @@ from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
 from modnets.experiments.core.cli import record_arguments
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.core.results import save_results
+from modnets.experiments.core.results import save_record
 from modnets.models.nac import KERNEL_REGIMES
 from modnets.profiles import get_profile, select
 from modnets.utils import default_device
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = get_profile(args.profile)
     path = args.out or Path("bench/recorded") / f"fidelity_tiny_imagenet_{profile}.json"
     result = compare(profile, workers=args.workers, only=args.only)
-    save_results(result, path)
+    save_record(result, path)
     for variant, d in result["minus_pio"].items():
         print(
             f"{variant} - Perceiver IO, top1: {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from modnets.experiments.core import harness
 from modnets.experiments.core.cli import record_arguments
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.core.results import save_results
+from modnets.experiments.core.results import save_record
 from modnets.experiments.side_by_side.config import CONFIGS, MODEL_NAMES, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
@@ -50,7 +50,7 @@ def selection(profile: str | None = None, workers: int | None = None, show_progr
 def main(argv: list[str] | None = None) -> None:
     args = record_arguments(__doc__, argv)
     result = selection(args.profile, args.workers)
-    path = save_results(result, args.out or recorded_path(result["profile"]))
+    path = save_record(result, args.out or recorded_path(result["profile"]))
     for kind, lr in result["learning_rates"].items():
         print(
             f"{MODEL_NAMES[kind]}: lr {lr:g}  (validation exact-match {result['val_exact'][MODEL_NAMES[kind]]})"
