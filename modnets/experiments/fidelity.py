@@ -31,6 +31,7 @@ from scipy import stats
 from modnets import diagnostics, parallel
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
+from modnets.experiments.core.claims import mde
 from modnets.experiments.core.cli import record_arguments
 from modnets.experiments.core.options import RunOptions
 from modnets.experiments.core.results import save_record
@@ -83,13 +84,22 @@ def variant_config(config: ti.TinyImageNetConfig, variant: str) -> ti.TinyImageN
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """Mean of ``b - a`` over seeds with its 95 % t-interval (``nan`` bounds below two seeds)."""
+    """Mean of ``b - a`` over seeds with its 95 % t-interval (``nan`` bounds below two seeds)
+    and the smallest difference these seeds detect (:func:`~modnets.experiments.core.claims.mde`,
+    ``None`` below two seeds or without spread)."""
     d = [y - x for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(d)
     if len(d) < 2:
-        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": len(d)}
-    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(d)}
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": len(d), "mde": None}
+    sd = statistics.stdev(d)
+    half = stats.t.ppf(0.975, len(d) - 1) * sd / len(d) ** 0.5
+    return {
+        "mean": mean,
+        "low": mean - half,
+        "high": mean + half,
+        "n": len(d),
+        "mde": mde(sd, len(d)),
+    }
 
 
 def _seed_row(model, data, config: ti.TinyImageNetConfig, seed: int) -> dict:
@@ -119,7 +129,7 @@ def compare(
     """Train (or load) the NAC of each variant (``only`` these, the default always) and
     Perceiver IO at every seed of chapter 10's ``profile`` config (or of ``config``; ``seeds``
     instead of its own); each variant's per-seed results, its paired difference from the default
-    (``minus_default[variant][key]``) and its top-1 minus Perceiver IO's (``minus_pio``)."""
+    (:func:`summarise`)."""
     profile = get_profile(profile)
     base = select(ti.CONFIGS, profile) if config is None else config
     if seeds is not None:
@@ -156,22 +166,33 @@ def compare(
                 model, _ = ti.trained_model("nac", config, seed, data, options, prior=PRIOR)
                 rows.append(_seed_row(model, data, config, seed))
             out["variants"][variant] = {"nac": config.train.nac, "per_seed": rows}
-    default = out["variants"][DEFAULT]["per_seed"]
-    out["minus_default"] = {
+    return summarise(out)
+
+
+def summarise(result: dict) -> dict:
+    """``result`` with, from its per-seed rows, each variant's paired difference from the default
+    (``minus_default[variant][key]``) and its top-1 minus Perceiver IO's (``minus_pio``)."""
+    default = result["variants"][DEFAULT]["per_seed"]
+    result["minus_default"] = {
         variant: {k: paired([r[k] for r in default], [r[k] for r in v["per_seed"]]) for k in KEYS}
-        for variant, v in out["variants"].items()
+        for variant, v in result["variants"].items()
         if variant != DEFAULT
     }
-    pio_top1 = [r["top1"] for r in out["pio"]]
-    out["minus_pio"] = {
+    pio_top1 = [r["top1"] for r in result["pio"]]
+    result["minus_pio"] = {
         variant: paired(pio_top1, [r["top1"] for r in v["per_seed"]])
-        for variant, v in out["variants"].items()
+        for variant, v in result["variants"].items()
     }
-    return out
+    return result
 
 
-def _ci(d: dict, scale: float, digits: int) -> str:
-    return f"{scale * d['mean']:+.{digits}f} [{scale * d['low']:+.{digits}f}, {scale * d['high']:+.{digits}f}]"
+def _ci(d: dict, scale: float, digits: int, with_mde: bool = False) -> str:
+    """``d``'s mean and 95 % interval, scaled; with its mde where asked and known."""
+    mean, low, high = (f"{scale * d[k]:+.{digits}f}" for k in ("mean", "low", "high"))
+    shown = f"{mean} [{low}, {high}]"
+    if with_mde and d.get("mde") is not None:
+        shown += f", mde {scale * d['mde']:.{digits}f}"
+    return shown
 
 
 #: The record's quantities as the page shows them: label, scale, decimals.
@@ -186,13 +207,17 @@ def tables(result: dict) -> str:
     """The record of :func:`compare` as book/fidelity.md shows it (a test keeps the page equal
     to the committed record): per variant, the mean over seeds of each quantity and its paired
     difference from the default, each with its 95 % t-interval, and its top-1 minus Perceiver
-    IO's where the record has Perceiver IO; then the drop curves."""
+    IO's where the record has Perceiver IO (top-1 differences with the smallest difference the
+    seeds detect, ``mde``); then the drop curves."""
     variants = result["variants"]
     pio = result.get("minus_pio")
     head = ["variant", *(SHOWN[k][0] for k in KEYS)]
-    head += [f"{SHOWN[k][0].split(' (')[0]}: − default (95 % CI)" for k in KEYS]
+    head += [
+        f"{SHOWN[k][0].split(' (')[0]}: − default (95 % CI{', mde' if k == 'top1' else ''})"
+        for k in KEYS
+    ]
     if pio:
-        head.append("top-1 − Perceiver IO (points, 95 % CI)")
+        head.append("top-1 − Perceiver IO (points, 95 % CI, mde)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in variants.items():
         rows = v["per_seed"]
@@ -201,9 +226,12 @@ def tables(result: dict) -> str:
             f"{SHOWN[k][1] * statistics.fmean(r[k] for r in rows):.{SHOWN[k][2]}f}" for k in KEYS
         ]
         diffs = result["minus_default"].get(name)
-        cells += [_ci(diffs[k], SHOWN[k][1], SHOWN[k][2]) if diffs else "—" for k in KEYS]
+        cells += [
+            _ci(diffs[k], SHOWN[k][1], SHOWN[k][2], with_mde=k == "top1") if diffs else "—"
+            for k in KEYS
+        ]
         if pio:
-            cells.append(_ci(pio[name], 100, 1))
+            cells.append(_ci(pio[name], 100, 1, with_mde=True))
         lines.append("| " + " | ".join(cells) + " |")
     fractions = [p["fraction"] for p in next(iter(variants.values()))["per_seed"][0]["drop_curve"]]
     lines += ["", "| dropped | " + " | ".join(f"{100 * f:.0f} %" for f in fractions) + " |"]
