@@ -645,3 +645,142 @@ def test_the_fidelity_command_writes_what_it_ran(monkeypatch, tmp_path):
     fidelity.main(["--profile", "smoke", "--only", "public, all", "--out", str(out)])
     assert seen["only"] == ["public, all"]
     assert json.loads(out.read_text())["minus_pio"]["modnets"]["n"] == 2
+
+
+# The public arithmetic of each new switch, written out here (the public code cannot be imported
+# without its training stack), against modnets' in float64: the value and the gradient of a
+# random projection of it, with respect to the inputs and every parameter both depend on.
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def _same_value_and_gradient(got, expected, leaves):
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    leaves = [t for t in leaves if t.requires_grad]
+    w = torch.randn_like(got)
+    ours = torch.autograd.grad((got * w).sum(), leaves, allow_unused=True, retain_graph=True)
+    public = torch.autograd.grad((expected * w).sum(), leaves, allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in ours)
+    for leaf, a, b in zip(leaves, ours, public, strict=True):
+        a = torch.zeros_like(leaf) if a is None else a
+        b = torch.zeros_like(leaf) if b is None else b
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _inputs(*shapes):
+    return [torch.randn(*s, requires_grad=True) for s in shapes]
+
+
+def test_the_public_read_in_layer_scale_in_float64(float64):
+    from modnets.nn.read_in import ReadIn
+
+    torch.manual_seed(0)
+    read_in = ReadIn(16, 6, 8, layer_scale=0.1)
+    with torch.no_grad():
+        read_in.scale_attn.gamma.uniform_(0.5, 1.5)  # learnable, as the public attention's
+    x, states, codes = _inputs((2, 5, 6), (3, 16), (3, 8))
+    r = read_in
+    # public read-in: x + ls_attn * attention, then + ls_ffn * ModFFN(LN(.))
+    q = r.query(r.norm_states(states.expand(2, -1, -1)), codes)
+    y = states + r.scale_attn.gamma * r.out(r.attend(r.norm_inputs(x), q, codes), codes)
+    expected = y + r.scale_ffn.gamma * r.ffn(r.norm_ffn(y), codes)
+    _same_value_and_gradient(r(x, states, codes), expected, [x, states, codes, *r.parameters()])
+
+
+def test_the_public_senders_layernorm_in_float64(float64):
+    model = circuit(share_layernorm=False, sample_kernel=False).eval()
+    layer = model.propagators[0]
+    with torch.no_grad():
+        layer.norm_senders.weight.uniform_(0.5, 1.5)
+    design = model.design()
+    (states,) = _inputs((3, 8, 16))
+    # public propagator: receivers through one LayerNorm, senders through their own
+    h, y = layer.norm_attn(states), layer.norm_senders(states)
+    msg = layer.attn(h, design.codes, design.signatures, y, design.codes, design.signatures)
+    mid = states + layer.scale_attn(msg)
+    expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
+    got = layer(states, design.codes, design.signatures)
+    _same_value_and_gradient(got, expected, [states, *model.parameters()])
+
+
+def test_the_public_read_out_drop_path_in_float64(float64):
+    model = circuit(drop_path=0.4, read_out_drop_path=True, sample_kernel=False).train()
+    ro, design = model.read_out, model.design()
+    (states,) = _inputs((4, 8, 16))
+    torch.manual_seed(5)
+    got, _ = ro(states, design)
+    torch.manual_seed(5)
+    keep = 1 - 0.4
+    y = design.out_states.expand(4, -1, -1)
+    kv = ro.norm_kv(states)
+    msg = ro.attn(
+        ro.norm_q(y), design.out_codes, design.out_signatures, kv, design.codes, design.signatures
+    )
+    # timm's DropPath, as the public read-out applies it to both branches
+    y = y + ro.scale_attn(msg).div(keep) * torch.floor(keep + torch.rand(4, 1, 1))
+    upd = ro.scale_ffn(ro.ffn(ro.norm_ffn(y), design.out_codes))
+    y = ro.norm_out(y + upd.div(keep) * torch.floor(keep + torch.rand(4, 1, 1)))
+    weights = torch.softmax(ro.confidence(y).squeeze(-1), -1)
+    expected = torch.einsum("bo,boc->bc", weights, ro.head(y))
+    _same_value_and_gradient(got, expected, [states, *model.parameters()])
+
+
+def test_the_public_seeder_noise_on_the_read_out_states_in_float64(float64):
+    model = circuit(state_noise=True, read_out_state_noise=True).train()
+    design, seeder = model.design(), model.generator.to_state
+    torch.manual_seed(7)
+    got = seeder.seed(design.out_states, design.out_codes, 4)
+    torch.manual_seed(7)
+    # the public latent seeder: mu + exp(logvar / 2) * N(0, 1), one draw per example
+    std = torch.exp(0.5 * seeder.log_var(seeder.norm(design.out_codes)))
+    expected = design.out_states + std * torch.randn(4, *design.out_states.shape)
+    _same_value_and_gradient(got, expected, list(model.parameters()))
+    seeder.eval()
+    assert seeder.seed(design.out_states, design.out_codes, 4) is design.out_states
+
+
+def test_the_public_gumbel_pooling_in_float64(float64):
+    model = circuit(read_out_pooling="gumbel", sample_kernel=False).eval()
+    (x,) = _inputs((4, 5, 6))
+    states = []
+    model.read_out.head.register_forward_hook(lambda m, i, o: states.append(i[0]))
+    torch.manual_seed(2)
+    got = model(x, return_details=True)
+    torch.manual_seed(2)
+    # the public OutputLatentPooling: a Gumbel softmax of the confidences at temperature 1
+    weights = F.gumbel_softmax(model.read_out.confidence(states[0]).squeeze(-1), tau=1.0, dim=-1)
+    expected = torch.einsum("bo,boc->bc", weights, model.read_out.head(states[0]))
+    _same_value_and_gradient(got.logits, expected, [x, *model.parameters()])
+
+
+def test_the_public_query_and_key_without_bias_in_float64(float64):
+    from modnets.models.ni import NeuralInterpreter, NIConfig
+
+    cfg = dict(dim=16, type_dim=4, num_functions=3, num_iterations=1, num_heads=2)
+    cfg |= dict(image_size=8, patch_size=4, in_channels=1, num_outputs=3)
+    torch.manual_seed(0)
+    public = NeuralInterpreter(NIConfig(**cfg, qk_bias=False)).eval()
+    ours = NeuralInterpreter(NIConfig(**cfg)).eval()
+    missing, _ = ours.load_state_dict(public.state_dict(), strict=False)
+    assert missing and all(n.endswith(("query.bias", "key.bias")) for n in missing)
+    for name, p in ours.named_parameters():
+        if name in missing:  # the public projection's bias is no bias: zero and never learned
+            p.data.zero_()
+            p.requires_grad_(False)
+    (x,) = _inputs((3, 1, 8, 8))
+    got, expected = public(x), ours(x)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    w = torch.randn_like(got)
+    a = torch.autograd.grad(
+        (got * w).sum(), [x, *(p for p in public.parameters() if p.requires_grad)]
+    )
+    b = torch.autograd.grad(
+        (expected * w).sum(), [x, *(p for p in ours.parameters() if p.requires_grad)]
+    )
+    for g, h in zip(a, b, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
