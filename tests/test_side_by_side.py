@@ -169,3 +169,17 @@ def test_the_rate_with_the_best_selection_accuracy_wins_and_ties_go_to_the_small
     chosen = rates.choose_rates(config, {"val": None}, options)
     assert chosen["cnn"]["lr"] == 3e-3 and chosen["cnn"]["scores"][1e-2] == 0.6
     assert all(chosen[k]["lr"] == 1e-3 for k in sbs.MODEL_NAMES if k != "cnn")
+
+
+def test_the_selection_command_writes_its_record(monkeypatch, tmp_path, capsys):
+    """``python -m modnets.experiments.side_by_side.selection`` writes the chosen rates: a
+    record of its own, not an experiment's results (whose schema it does not have)."""
+    from modnets.experiments.side_by_side import selection
+
+    chosen = {"profile": "smoke", "learning_rates": {"cnn": 1e-3}}
+    chosen["val_exact"] = {sbs.MODEL_NAMES["cnn"]: {"0.001": 0.5}}
+    monkeypatch.setattr(selection, "selection", lambda profile, workers: chosen)
+    out = tmp_path / "rates.json"
+    selection.main(["--profile", "smoke", "--out", str(out)])
+    assert json.loads(out.read_text())["learning_rates"] == {"cnn": 1e-3}
+    assert "lr 0.001" in capsys.readouterr().out
