@@ -32,9 +32,8 @@ from modnets import diagnostics, parallel
 from modnets.experiments import tiny_imagenet as ti
 from modnets.experiments.core import harness
 from modnets.experiments.core.claims import mde
-from modnets.experiments.core.cli import record_arguments
+from modnets.experiments.core.cli import record_arguments, save_record
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.core.results import save_record
 from modnets.models.nac import KERNEL_REGIMES
 from modnets.profiles import get_profile, select
 from modnets.utils import default_device

@@ -24,8 +24,9 @@ from modnets.experiments.core.results import save_results
 from modnets.experiments.core.rules import unlogged
 from modnets.profiles import PROFILES
 from modnets.training import checkpoint_dir
+from modnets.utils import atomic_file
 
-__all__ = ["experiment_main", "main", "format_claims", "record_arguments"]
+__all__ = ["experiment_main", "main", "format_claims", "record_arguments", "save_record"]
 
 
 def format_claims(results: dict) -> str:
@@ -55,6 +56,16 @@ def record_arguments(
     if extra is not None:
         extra(parser)
     return parser.parse_args(argv)
+
+
+def save_record(record: dict, path: str | Path) -> Path:
+    """Write what a :func:`record_arguments` command measured (a selection of learning rates, a
+    fidelity comparison: not an experiment's results, so not held to their schema) as JSON,
+    atomically."""
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+    return path
 
 
 def _unwritable(folder: Path) -> str | None:

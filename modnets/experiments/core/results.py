@@ -8,7 +8,7 @@ from pathlib import Path
 from modnets.experiments.core.harness import check_results
 from modnets.utils import atomic_file
 
-__all__ = ["save_results", "save_record", "load_results", "results_path"]
+__all__ = ["save_results", "load_results", "results_path"]
 
 
 def results_path(experiment: str, profile: str, folder: str | Path = "_build/results") -> Path:
@@ -23,15 +23,6 @@ def save_results(results: dict, path: str | Path) -> Path:
     path = Path(path)
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
-    return path
-
-
-def save_record(record: dict, path: str | Path) -> Path:
-    """Write a measurement recorded once (a selection of learning rates, a fidelity comparison:
-    not an experiment's results, so not held to their schema) as JSON, atomically."""
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=1))
     return path
 
 

@@ -12,9 +12,8 @@ import time
 from dataclasses import asdict, replace
 
 from modnets.experiments.core import harness
-from modnets.experiments.core.cli import record_arguments
+from modnets.experiments.core.cli import record_arguments, save_record
 from modnets.experiments.core.options import RunOptions
-from modnets.experiments.core.results import save_record
 from modnets.experiments.side_by_side.config import CONFIGS, MODEL_NAMES, recorded_path
 from modnets.experiments.side_by_side.data import training_data
 from modnets.experiments.side_by_side.models import TRAIN_CODE
