@@ -181,16 +181,22 @@ def test_a_pilot_outside_its_regime_declares_no_plan(tmp_path, monkeypatch):
     assert pilots == sorted(f"seed-{s}.json" for s in evidence.PILOT_SEEDS)
 
 
-def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_path, monkeypatch):
-    """Where an experiment declares ``train_seeds``, the evidence run hands it every seed of a
-    set still to measure (in the run's own checkpoints, with the workers resolved) before it
-    measures them one by one; with one worker, or one seed left, it measures at once."""
+def test_an_experiment_that_trains_its_seeds_together_gets_them_a_group_at_a_time(
+    tmp_path, monkeypatch
+):
+    """Where an experiment declares ``train_seeds``, the evidence run hands it as many seeds of
+    a set as there are workers (in the run's own checkpoints, with the workers resolved), then
+    measures and records them one by one before the next group trains: a run cut short keeps
+    every group it finished. With one worker, or one seed left, it measures at once."""
     from modnets.training import checkpoint_dir
 
     calls, measured = [], []
+    folder = tmp_path / "records"
+    folder.mkdir()
 
     def train_seeds(config, options):
-        calls.append((config.seeds, options.workers, checkpoint_dir().name))
+        recorded = sorted(int(p.stem.split("-")[1]) for p in folder.glob("seed-*.json"))
+        calls.append((config.seeds, options.workers, checkpoint_dir().name, recorded))
 
     def measure_seed(experiment, profile, seed, options):
         measured.append(seed)
@@ -199,11 +205,10 @@ def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_
     monkeypatch.setattr(evidence, "measure_seed", measure_seed)
     toy = dataclasses.replace(get("fuzzy_boolean"), train_seeds=train_seeds)
     two = dataclasses.replace(QUIET, workers=2)
-    folder = tmp_path / "records"
-    folder.mkdir()
-    evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
-    assert calls == [((5, 6, 7), 2, "evidence")] and measured == [5, 6, 7]
-    # each record carries its share of the time the set trained side by side
+    evidence._ensure(toy, "smoke", [5, 6, 7, 8, 9], folder=folder, options=two, desc="claim")
+    assert calls == [((5, 6), 2, "evidence", []), ((7, 8), 2, "evidence", [5, 6])]
+    assert measured == [5, 6, 7, 8, 9]
+    # each record carries its share of the time its group trained side by side
     written = evidence.read_seed(evidence.seed_path(folder, 6))
     assert written["provenance"]["trained_ahead_seconds"] >= 0.0
     evidence.seed_path(folder, 6).unlink()
@@ -211,7 +216,13 @@ def test_an_experiment_that_trains_its_seeds_together_gets_each_set_at_once(tmp_
     evidence.seed_path(folder, 6).unlink()
     evidence.seed_path(folder, 7).unlink()
     evidence._ensure(toy, "smoke", [5, 6, 7], folder=folder, options=QUIET, desc="claim")
-    assert len(calls) == 1 and measured == [5, 6, 7, 6, 6, 7]
+    assert len(calls) == 2 and measured == [5, 6, 7, 8, 9, 6, 6, 7]
+    # an experiment that trains no seeds together is measured one seed at a time, each once
+    for seed in (5, 6, 7):
+        evidence.seed_path(folder, seed).unlink()
+    plain = dataclasses.replace(toy, train_seeds=None)
+    evidence._ensure(plain, "smoke", [5, 6, 7], folder=folder, options=two, desc="claim")
+    assert len(calls) == 2 and measured[-3:] == [5, 6, 7] and len(measured) == 11
 
 
 def test_the_plan_takes_the_seeds_the_pilots_spread_asks_for_within_its_bounds():

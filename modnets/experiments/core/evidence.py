@@ -367,20 +367,26 @@ def _ensure(experiment, profile, seeds, *, folder, options, desc) -> list[dict]:
     """The seed records of ``seeds``, measuring (and writing) those not yet recorded."""
     todo = [s for s in seeds if not seed_path(folder, s).exists()]
     workers = harness.workers_for(options.workers, profile, options.device)
-    ahead = 0.0  # each seed's share of the time its set trained side by side
-    if experiment.train_seeds is not None and len(todo) > 1 and workers > 1:
-        # the whole set's models side by side first, each seed then measured from them alone
-        start = time.perf_counter()
-        with _own_checkpoints():
-            config = configured(experiment, profile, todo)
-            experiment.train_seeds(config, dataclasses.replace(options, workers=workers))
-        ahead = (time.perf_counter() - start) / len(todo)
+    side_by_side = experiment.train_seeds is not None and workers > 1
+    # as many seeds at a time as there are workers, each group recorded before the next trains:
+    # a run longer than a session keeps every group it finished
+    size = workers if side_by_side else 1
+    groups = [todo[i : i + size] for i in range(0, len(todo), size)]
     bar = progress(total=len(todo), desc=f"{experiment.name}: {desc}", mininterval=1)
-    for seed in todo:
-        record = measure_seed(experiment, profile, seed, options.quiet())
-        record["provenance"]["trained_ahead_seconds"] = ahead
-        write_seed(seed_path(folder, seed), record)
-        bar.update(1)
+    for group in groups:
+        ahead = 0.0  # each seed's share of the time its group trained side by side
+        if side_by_side and len(group) > 1:
+            # the group's models side by side first, each seed then measured from them alone
+            start = time.perf_counter()
+            with _own_checkpoints():
+                config = configured(experiment, profile, group)
+                experiment.train_seeds(config, dataclasses.replace(options, workers=workers))
+            ahead = (time.perf_counter() - start) / len(group)
+        for seed in group:
+            record = measure_seed(experiment, profile, seed, options.quiet())
+            record["provenance"]["trained_ahead_seconds"] = ahead
+            write_seed(seed_path(folder, seed), record)
+            bar.update(1)
     bar.close()
     return [read_seed(seed_path(folder, s)) for s in seeds]
 

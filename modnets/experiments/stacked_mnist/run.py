@@ -61,8 +61,8 @@ def train_seeds(config: StackedMNISTConfig, options: RunOptions, data: dict | No
     """Train (into checkpoints) the models of every seed of ``config`` side by side in
     ``options.workers`` processes, NFM(CNN)s first (each costs several CNNs); what is left over
     (fewer models of a kind than workers) :func:`measure` trains with every thread. An evidence
-    run calls it with all the seeds of a set at once: an NFM(CNN) beside another seed's, never
-    beside a CNN that would leave a core idle most of the time."""
+    run calls it with as many seeds as workers: an NFM(CNN) beside another seed's, never beside a
+    CNN that would leave a core idle most of the time."""
     workers = options.workers or 1
     if data is None and options.cache and workers > 1 and config.train.finetune_epochs:
         data = training_data(config.train, options.root, options.verify)
