@@ -531,25 +531,22 @@ display(Markdown(budget.table(budget.estimate(ti.NAME, sized), markdown=True)))
 import json
 from pathlib import Path
 
+from modnets.experiments.fidelity import interval_text
+
 record_path = Path("../bench/recorded") / f"fidelity_tiny_imagenet_{PROFILE}.json"
 record = json.loads(record_path.read_text()) if record_path.exists() else {}
 gap = record.get("minus_pio")
-
-
-def points(d):
-    return f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
-
-
-if gap:  # each variant's top-1 minus Perceiver IO's, paired by seed, 95 % interval
+if gap:  # each variant's top-1 minus Perceiver IO's, paired by seed: 95 % interval, mde
     for variant, d in gap.items():
-        print(f"{variant:<28} NAC - Perceiver IO: {points(d)} points (n = {d['n']})")
+        shown = interval_text(d, 100, 1, with_mde=True)
+        print(f"{variant:<28} NAC - Perceiver IO (points): {shown}, n = {d['n']}")
     every = record["minus_default"].get("public, all", {}).get("top1")
     if every:
-        mde = f", mde {100 * every['mde']:.1f}" if every.get("mde") else ""
+        shown = interval_text(every, 100, 1, with_mde=True)
         print(
             wrap(
                 "The public configuration as far as this profile allows, against "
-                f"modnets' default: top-1 {points(every)} points{mde}."
+                f"modnets' default: top-1 {shown} (points)."
             )
         )
 else:

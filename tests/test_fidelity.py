@@ -502,31 +502,6 @@ def test_read_out_drop_path_drops_its_branches_in_training_only_when_on():
             torch.testing.assert_close(model.eval()(x), model(x))
 
 
-def test_a_senders_layernorm_of_their_own_normalises_keys_and_values_apart():
-    model = circuit(share_layernorm=False, sample_kernel=False).eval()
-    layer = model.propagators[0]
-    assert circuit().propagators[0].norm_senders is None
-    with torch.no_grad():
-        layer.norm_senders.weight.uniform_(0.5, 1.5)
-        design = model.design()
-        states = torch.randn(3, 8, 16)
-        h, y = layer.norm_attn(states), layer.norm_senders(states)
-        msg = layer.attn(h, design.codes, design.signatures, y, design.codes, design.signatures)
-        mid = states + layer.scale_attn(msg)
-        expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
-        torch.testing.assert_close(layer(states, design.codes, design.signatures), expected)
-        # with read-in senders, they pass through the senders' LayerNorm too
-        senders = (torch.randn(3, 2, 16), torch.randn(2, 8), torch.randn(2, 4))
-        ys = torch.cat([layer.norm_senders(senders[0]), y], 1)
-        yc = torch.cat([senders[1], design.codes])
-        ysig = torch.cat([senders[2], design.signatures])
-        msg = layer.attn(h, design.codes, design.signatures, ys, yc, ysig)
-        mid = states + layer.scale_attn(msg)
-        expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
-        got = layer(states, design.codes, design.signatures, senders=senders)
-        torch.testing.assert_close(got, expected)
-
-
 def test_the_seeder_noises_the_read_out_states_only_when_asked_and_in_training():
     x = torch.randn(4, 5, 6)
     for on in (False, True):
@@ -659,12 +634,19 @@ def float64():
     torch.set_default_dtype(torch.float32)
 
 
-def _same_value_and_gradient(got, expected, leaves):
+def _same_value_and_gradient(got, expected, leaves, public_leaves=None):
+    """``got`` equals ``expected``, and so do their gradients with respect to ``leaves`` (or, for
+    ``expected``, the matching ``public_leaves`` of a second model)."""
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     leaves = [t for t in leaves if t.requires_grad]
+    public_leaves = (
+        leaves if public_leaves is None else [t for t in public_leaves if t.requires_grad]
+    )
     w = torch.randn_like(got)
     ours = torch.autograd.grad((got * w).sum(), leaves, allow_unused=True, retain_graph=True)
-    public = torch.autograd.grad((expected * w).sum(), leaves, allow_unused=True)
+    public = torch.autograd.grad(
+        (expected * w).sum(), public_leaves, allow_unused=True, retain_graph=True
+    )
     assert any(g is not None and g.abs().sum() > 0 for g in ours)
     for leaf, a, b in zip(leaves, ours, public, strict=True):
         a = torch.zeros_like(leaf) if a is None else a
@@ -693,19 +675,31 @@ def test_the_public_read_in_layer_scale_in_float64(float64):
 
 
 def test_the_public_senders_layernorm_in_float64(float64):
+    assert circuit().propagators[0].norm_senders is None
     model = circuit(share_layernorm=False, sample_kernel=False).eval()
     layer = model.propagators[0]
     with torch.no_grad():
         layer.norm_senders.weight.uniform_(0.5, 1.5)
     design = model.design()
-    (states,) = _inputs((3, 8, 16))
-    # public propagator: receivers through one LayerNorm, senders through their own
-    h, y = layer.norm_attn(states), layer.norm_senders(states)
-    msg = layer.attn(h, design.codes, design.signatures, y, design.codes, design.signatures)
-    mid = states + layer.scale_attn(msg)
-    expected = mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
+    states, read_in, codes, sigs = _inputs((3, 8, 16), (3, 2, 16), (2, 8), (2, 4))
+
+    def public(senders, sender_codes, sender_sigs):
+        # public propagator: receivers through one LayerNorm, senders through their own
+        h = layer.norm_attn(states)
+        msg = layer.attn(h, design.codes, design.signatures, senders, sender_codes, sender_sigs)
+        mid = states + layer.scale_attn(msg)
+        return mid + layer.scale_ffn(layer.ffn(layer.norm_ffn(mid), design.codes))
+
+    y = layer.norm_senders(states)
     got = layer(states, design.codes, design.signatures)
+    expected = public(y, design.codes, design.signatures)
     _same_value_and_gradient(got, expected, [states, *model.parameters()])
+    # with read-in senders, they pass through the senders' LayerNorm too
+    got = layer(states, design.codes, design.signatures, senders=(read_in, codes, sigs))
+    ys = torch.cat([layer.norm_senders(read_in), y], 1)
+    yc, ysig = torch.cat([codes, design.codes]), torch.cat([sigs, design.signatures])
+    expected = public(ys, yc, ysig)
+    _same_value_and_gradient(got, expected, [states, read_in, codes, sigs, *model.parameters()])
 
 
 def test_the_public_read_out_drop_path_in_float64(float64):
@@ -773,14 +767,4 @@ def test_the_public_query_and_key_without_bias_in_float64(float64):
             p.data.zero_()
             p.requires_grad_(False)
     (x,) = _inputs((3, 1, 8, 8))
-    got, expected = public(x), ours(x)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    w = torch.randn_like(got)
-    a = torch.autograd.grad(
-        (got * w).sum(), [x, *(p for p in public.parameters() if p.requires_grad)]
-    )
-    b = torch.autograd.grad(
-        (expected * w).sum(), [x, *(p for p in ours.parameters() if p.requires_grad)]
-    )
-    for g, h in zip(a, b, strict=True):
-        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+    _same_value_and_gradient(public(x), ours(x), [x, *public.parameters()], [x, *ours.parameters()])

@@ -185,7 +185,7 @@ def summarise(result: dict) -> dict:
     return result
 
 
-def _ci(d: dict, scale: float, digits: int, with_mde: bool = False) -> str:
+def interval_text(d: dict, scale: float, digits: int, with_mde: bool = False) -> str:
     """``d``'s mean and 95 % interval, scaled; with its mde where asked and known."""
     mean, low, high = (f"{scale * d[k]:+.{digits}f}" for k in ("mean", "low", "high"))
     shown = f"{mean} [{low}, {high}]"
@@ -226,11 +226,13 @@ def tables(result: dict) -> str:
         ]
         diffs = result["minus_default"].get(name)
         cells += [
-            _ci(diffs[k], SHOWN[k][1], SHOWN[k][2], with_mde=k == "top1") if diffs else "—"
+            interval_text(diffs[k], SHOWN[k][1], SHOWN[k][2], with_mde=k == "top1")
+            if diffs
+            else "—"
             for k in KEYS
         ]
         if pio:
-            cells.append(_ci(pio[name], 100, 1, with_mde=True))
+            cells.append(interval_text(pio[name], 100, 1, with_mde=True))
         lines.append("| " + " | ".join(cells) + " |")
     fractions = [p["fraction"] for p in next(iter(variants.values()))["per_seed"][0]["drop_curve"]]
     lines += ["", "| dropped | " + " | ".join(f"{100 * f:.0f} %" for f in fractions) + " |"]
