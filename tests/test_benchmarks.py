@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -436,8 +437,12 @@ def test_the_recorded_runs_were_timed_on_the_code_as_it_is():
     for path, run in runs.items():
         assert run["capability"] and run["matmul_gflops"] > 0, path.name
     stale = [
-        f"{name} in {path.name}: python -m bench --profile cpu --only {' '.join(run['results'])} "
-        f"--out bench/recorded/{path.name}"
+        f"{name} in {path.name}: "
+        + run.get(
+            "command",
+            f"python -m bench --profile cpu --only {' '.join(run['results'])} "
+            f"--out bench/recorded/{path.name}",
+        )
         for path, run in runs.items()
         for name, res in run["results"].items()
         if res.get("code_fingerprint") != b.benchmark_fingerprint(name)
@@ -498,3 +503,70 @@ def test_a_slow_gemm_run_keeps_its_measured_paths_apart(tmp_path, monkeypatch):
     monkeypatch.setenv("MODNETS_AUTOTUNE", str(tmp_path / "autotune.json"))
     apart = main.slow_gemm_choices()
     assert apart != autotune.cache_path() and apart.parent == autotune.cache_path().parent
+
+
+def _bench_main(monkeypatch):
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # the repository's bench
+    return importlib.import_module("bench.__main__")
+
+
+def _run(gflops, **ratios):
+    results = {
+        name: {"ratio": r, "met": None if r is None else r <= 1.25, "target": "<= 1.25x"}
+        | {"rows": [{"ratio": r}]}
+        for name, r in ratios.items()
+    }
+    return {"threads": 2, "matmul_gflops": gflops, "results": results}
+
+
+def test_runs_of_the_suite_decide_a_target_by_their_majority(monkeypatch):
+    """A target met in two of three runs is met, one met in one of three is missed, and each
+    benchmark shows its median run's rows with every run's ratio; runs of different benchmarks
+    cannot be combined."""
+    main = _bench_main(monkeypatch)
+    runs = [
+        _run(150.0, ni=1.20, modlin=1.40, memory=None),
+        _run(170.0, ni=1.40, modlin=1.10, memory=None),
+        _run(160.0, ni=1.10, modlin=1.30, memory=None),
+    ]
+    out = main.combine_runs(runs)
+    assert out["runs"] == 3 and out["matmul_gflops"] == 160.0
+    ni, modlin, memory = (out["results"][k] for k in ("ni", "modlin", "memory"))
+    assert (ni["met"], ni["ratio"], ni["rows"]) == (True, 1.20, [{"ratio": 1.20}])
+    assert ni["runs"] == [1.20, 1.40, 1.10] and ni["runs_met"] == [True, False, True]
+    assert (modlin["met"], modlin["ratio"]) == (False, 1.30)
+    assert memory["met"] is None
+    with pytest.raises(ValueError, match="same benchmarks"):
+        main.combine_runs([runs[0], _run(150.0, ni=1.0)])
+    with pytest.raises(ValueError, match="at least one"):
+        main.combine_runs([])
+
+
+def test_each_run_of_the_suite_is_a_fresh_process_with_the_same_arguments(monkeypatch, tmp_path):
+    """``--runs 3`` starts ``python -m bench`` three times with the other arguments as given
+    (``--threads`` included, ``--runs`` and ``--out`` not), and writes one combined record naming
+    the command that makes it again."""
+    main = _bench_main(monkeypatch)
+    started = []
+
+    def fake(cmd, check, stdout):
+        started.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.write_text(json.dumps(_run(100.0 + len(started), ni=1.0 + 0.1 * len(started))))
+
+    monkeypatch.setattr(main.subprocess, "run", fake)
+    record = tmp_path / "targets.json"
+    argv = ["--profile", "smoke", "--only", "ni_memory", "--runs", "3", "--threads", "1"]
+    main.main([*argv, "--out", str(record)])
+    assert len(started) == 3
+    for cmd in started:
+        assert cmd[1:3] == ["-m", "bench"] and "--runs" not in cmd
+        assert cmd[3:9] == ["--profile", "smoke", "--only", "ni_memory", "--threads", "1"]
+    saved = json.loads(record.read_text())
+    assert saved["runs"] == 3 and saved["results"]["ni"]["ratio"] == pytest.approx(1.2)
+    assert saved["command"] == " ".join(["python -m bench", *argv, "--out", str(record)])
+    with pytest.raises(SystemExit):
+        main.main(["--runs", "0"])
