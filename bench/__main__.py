@@ -7,7 +7,8 @@ performance chapter reads its six slowest rows from three recorded runs:
 ``bench/recorded/cpu.json``, which ``python -m bench --profile cpu --only thread_policy ni_fused
 nac_vs_pio seed_workers --out bench/recorded/cpu.json`` writes, ``cpu_train_steps.json``
 (``--only train_steps``) and ``cpu_gemm_bound.json`` (``--only gemm_bound``); it times the rest
-itself, except the targets that move with the machine (:data:`TARGETS`): those it reads from
+itself, except the five targets that one run meets or misses by chance (``modulated
+ni_vs_transformer modattn_tokens ni_memory flop_utilisation``): those it reads from
 ``cpu_targets.json`` and ``cpu_targets_slowed.json``, each five runs (``--runs 5``), the second
 on one thread (``--threads 1``, half the matrix-product rate), where a target counts as met
 when most runs meet it. This script adds one benchmark of its own to the suite,
@@ -170,11 +171,6 @@ def _machine() -> str:
         lines = []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     return names[0] if names else platform.processor() or platform.machine()
-
-
-#: The targets one run of the suite meets or misses by chance (the ratios of the same command
-#: on the same quiet machine spread across them): decided over ``--runs``, by :func:`combine_runs`.
-TARGETS = ("modulated", "ni_vs_transformer", "modattn_tokens", "ni_memory", "flop_utilisation")
 
 
 def combine_runs(runs: list[dict]) -> dict:

@@ -730,22 +730,21 @@ if r["rows"]:
 
 
 # %%
-def each_run(r):
-    """Every run's ratio where a target was decided over runs, else nothing."""
-    if "runs" not in r:
-        return ""
-    ratios = ", ".join("-" if x is None else f"{x:.3g}" for x in r["runs"])
-    met = sum(v is True for v in r["runs_met"])
-    return f"; met in {met} of {len(r['runs'])} runs ({ratios})"
+def target_line(name, r, more=""):
+    """A ratio against its target; with every run's ratio where runs decided it."""
+    verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3g}"
+    line = f"{name:<18} {ratio:>8}  target {r['target']} ({verdict}){more}"
+    if "runs" in r:
+        ratios = ", ".join("-" if x is None else f"{x:.3g}" for x in r["runs"])
+        met = sum(v is True for v in r["runs_met"])
+        line += f"; met in {met} of {len(r['runs'])} runs ({ratios})"
+    return wrap(line)
 
 
 for name, r in results.items():
-    verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
-    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3g}"
     source = " (recorded)" if name in recorded else ""
-    holds = f"; holds: {benchmarks.HOLDS[name]}"
-    line = f"{name:<18} {ratio:>8}  target {r['target']} ({verdict}){source}{holds}"
-    print(wrap(line + each_run(r)))
+    print(target_line(name, r, f"{source}; holds: {benchmarks.HOLDS[name]}"))
 
 # %% [markdown]
 # The same five runs on one thread, where this machine's matrix products run at about half
@@ -759,10 +758,7 @@ if PROFILE == "cpu" and (targets / "cpu_targets_slowed.json").exists():
     full = json.loads((targets / "cpu_targets.json").read_text())
     print(f"{slow['threads']} thread, matmul {slow['matmul_gflops']:.0f} GFLOP/s:")
     for name, r in slow["results"].items():
-        verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3g}"
-        line = f"{name:<18} {ratio:>8}  target {r['target']} ({verdict})"
-        print(wrap(line + each_run(r)))
+        print(target_line(name, r))
     print()
     for name, r in slow["results"].items():
         if benchmarks.HOLDS[name] == "the matmul rate":
