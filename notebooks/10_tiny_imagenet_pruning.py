@@ -537,9 +537,10 @@ record_path = Path("../bench/recorded") / f"fidelity_tiny_imagenet_{PROFILE}.jso
 record = json.loads(record_path.read_text()) if record_path.exists() else {}
 gap = record.get("minus_pio")
 if gap:  # each variant's top-1 minus Perceiver IO's, paired by seed: 95 % interval, mde
+    print("NAC - Perceiver IO, top-1 points: mean [95 % interval], mde")
     for variant, d in gap.items():
         shown = interval_text(d, 100, 1, with_mde=True)
-        print(f"{variant:<28} NAC - Perceiver IO (points): {shown}, n = {d['n']}")
+        print(f"  {variant:<28} {shown}, n = {d['n']}")
     every = record["minus_default"].get("public, all", {}).get("top1")
     if every:
         shown = interval_text(every, 100, 1, with_mde=True)

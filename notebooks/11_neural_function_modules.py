@@ -671,9 +671,10 @@ for c in config.test_counts:
     s = seed_stats(gaps)
     print(
         f"{c} digits: NFM - CNN = {100 * s['mean']:+5.1f} ± {100 * s['sd']:.1f} points "
-        f"over {s['n']} seeds ({per});  paper: "
+        f"over {s['n']} seeds;  paper: "
         f"{paper['NFM(CNN)'][c][0] - paper['CNN'][c][0]:+.2f}"
     )
+    print(f"          per seed: {per}")
 
 # %% [markdown]
 # ## The dip at unseen counts

@@ -768,9 +768,9 @@ if PROFILE == "cpu" and (targets / "cpu_targets_slowed.json").exists():
             ahead = ratios[1] + (ratios[1] - ratios[0]) / math.log2(rates[1] / rates[0])
             print(
                 f"{name}: {ratios[0]:.2f}x at {rates[0]:.0f} GFLOP/s, "
-                f"{ratios[1]:.2f}x at {rates[1]:.0f} GFLOP/s; "
-                f"at {2 * rates[1]:.0f} GFLOP/s, if the trend holds: {ahead:.2f}x"
+                f"{ratios[1]:.2f}x at {rates[1]:.0f} GFLOP/s;"
             )
+            print(f"  at {2 * rates[1]:.0f} GFLOP/s, if the trend holds: {ahead:.2f}x")
 else:
     print("No slowed runs recorded at this profile.")
 
